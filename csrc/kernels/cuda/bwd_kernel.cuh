@@ -1,0 +1,146 @@
+// Backward kernels.
+//
+// norm_bwd_kernel: rows held in registers like the forward (x and dy are
+// read once, dx written once).  The grid is persistent: each CTA (or cluster)
+// walks many rows and keeps its dweight / dbias partials for the columns it
+// owns in fp32 registers, then writes one partial row.  finalize_kernel adds
+// the partial rows in a fixed order, so the weight gradients are bitwise
+// reproducible; no atomics anywhere.
+#pragma once
+#include "common.cuh"
+#include "fwd_kernel.cuh"
+#include "../params.h"
+
+namespace fln::cuda {
+
+template <typename T, typename W, int VEC, int NV>
+__global__ void __launch_bounds__(1024)
+norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b) {
+  using A = dacc_t<T>;
+  __shared__ ReduceSmem<A, 2> smem;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];  // rows-per-CTA merge of the partials
+  const int tpr = lay.tpr, rpc = blockDim.x / tpr;
+  const int row_in_cta = threadIdx.x / tpr, lane = threadIdx.x % tpr;
+  const int crank = cluster_rank_or_zero(lay.csize);
+  const int stride = tpr * lay.csize;
+  const int t = crank * tpr + lane;
+  const int64_t group = blockIdx.x / lay.csize, ngroups = gridDim.x / lay.csize;
+  const int64_t n = p.cols;
+  const T* __restrict__ xg = static_cast<const T*>(p.x);
+  const T* __restrict__ dyg = static_cast<const T*>(p.dy);
+  const W* __restrict__ wg = static_cast<const W*>(p.w);
+  const A inv_n = A(1) / A(n);
+  RowReducer<A, 2> red{smem, tpr, lay.csize, row_in_cta};
+
+  A acc_w[NV][VEC], acc_b[NV][VEC];
+#pragma unroll
+  for (int i = 0; i < NV; ++i)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc_w[i][k] = acc_b[i][k] = 0;
+
+  for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
+    const int64_t row = base + row_in_cta;
+    const bool live = row < p.rows;
+    A x[NV][VEC], g[NV][VEC];  // x becomes xhat; g starts as dy
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = int64_t(i * stride + t) * VEC;
+      if (live && c < n) {
+        load_vec(xg + row * p.x_stride + c, x[i]);
+        load_vec(dyg + row * p.dy_stride + c, g[i]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) x[i][k] = g[i][k] = 0;
+      }
+    }
+    const A mean = (live && !p.rms) ? static_cast<const A*>(p.mean)[row] : A(0);
+    const A rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
+    A s[2] = {0, 0};  // sum(g * xhat), sum(g)
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = int64_t(i * stride + t) * VEC;
+      A w[VEC];
+      if (wg && c < n) load_vec(wg + c, w);
+      else
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) w[k] = 1;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        x[i][k] = (x[i][k] - mean) * rstd;
+        acc_w[i][k] += g[i][k] * x[i][k];
+        acc_b[i][k] += g[i][k];
+        g[i][k] *= w[k];
+        s[0] += g[i][k] * x[i][k];
+        s[1] += g[i][k];
+      }
+    }
+    if (p.dx == nullptr) continue;  // uniform: no reduction needed
+    red.sum(s);
+    if (!live) continue;
+    const A c_gx = s[0] * inv_n, c_g = p.rms ? A(0) : s[1] * inv_n;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = int64_t(i * stride + t) * VEC;
+      if (c >= n) continue;
+      A dx[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) dx[k] = rstd * (g[i][k] - c_g - x[i][k] * c_gx);
+      store_vec(static_cast<T*>(p.dx) + row * n + c, dx);
+    }
+  }
+  red.finish();
+  if (part_w == nullptr && part_b == nullptr) return;
+
+  // Merge the rows of this CTA in row order, then write partial row `group`.
+  if (rpc > 1) {
+    A* m = reinterpret_cast<A*>(dyn_smem);  // [rpc][tpr][NV*VEC][2]
+    A* mine = m + (size_t(row_in_cta) * tpr + lane) * NV * VEC * 2;
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        mine[(i * VEC + k) * 2] = acc_w[i][k];
+        mine[(i * VEC + k) * 2 + 1] = acc_b[i][k];
+      }
+    __syncthreads();
+    if (row_in_cta != 0) return;
+    for (int r = 1; r < rpc; ++r) {
+      const A* other = m + (size_t(r) * tpr + lane) * NV * VEC * 2;
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          acc_w[i][k] += other[(i * VEC + k) * 2];
+          acc_b[i][k] += other[(i * VEC + k) * 2 + 1];
+        }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int64_t c = int64_t(i * stride + t) * VEC;
+    if (c >= n) continue;
+    if (part_w) store_vec(part_w + group * n + c, acc_w[i]);
+    if (part_b) store_vec(part_b + group * n + c, acc_b[i]);
+  }
+}
+
+// out[c] = sum over p of part[p * n + c], p ascending, for 32 columns per CTA:
+// 32 x 32 threads, each summing a fixed strided subset of partial rows, then
+// the 32 subsets added in order.
+template <typename W, typename A>
+__global__ void __launch_bounds__(1024)
+finalize_kernel(const A* __restrict__ part, int64_t nparts, int64_t n, W* __restrict__ out) {
+  __shared__ A s[32][33];
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  A acc = 0;
+  if (c < n)
+    for (int64_t q = threadIdx.y; q < nparts; q += 32) acc += part[q * n + c];
+  s[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= n) return;
+  A total = 0;
+  for (int k = 0; k < 32; ++k) total += s[k][threadIdx.x];
+  out[c] = from_acc<W>(total);
+}
+
+}  // namespace fln::cuda

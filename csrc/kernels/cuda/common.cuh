@@ -1,0 +1,129 @@
+// Device helpers shared by the CUDA normalization kernels: storage-type
+// mapping, conversions, 16-byte vectors and the row reduction.
+#pragma once
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../dtypes.h"
+
+namespace fln::cuda {
+
+// Host storage type (fln::Half, ...) -> device type (__half, ...).
+template <typename T> struct DeviceType { using type = T; };
+template <> struct DeviceType<Half> { using type = __half; };
+template <> struct DeviceType<BFloat16> { using type = __nv_bfloat16; };
+template <typename T> using device_t = typename DeviceType<T>::type;
+
+template <typename T> struct Acc { using type = float; };
+template <> struct Acc<double> { using type = double; };
+template <typename T> using dacc_t = typename Acc<T>::type;
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_acc(float v) { return T(v); }
+template <typename T> __device__ __forceinline__ T from_acc(double v) { return T(v); }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
+__device__ __forceinline__ double rsqrt_acc(double v) { return 1.0 / sqrt(v); }
+
+// VEC consecutive elements moved as one access (16 bytes when VEC * sizeof(T) == 16).
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec { T v[VEC]; };
+
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ void load_vec(const T* p, A (&out)[VEC]) {
+  const Vec<T, VEC> v = *reinterpret_cast<const Vec<T, VEC>*>(p);
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) out[k] = to_acc(v.v[k]);
+}
+
+template <typename T, typename A, int VEC>
+__device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
+  Vec<T, VEC> v;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) v.v[k] = from_acc<T>(in[k]);
+  *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+}
+
+// Shared state for RowReducer: two buffers used alternately, so one barrier
+// per reduction suffices (a buffer is rewritten only two reductions later,
+// after every thread has passed the barrier of the reduction in between).
+template <typename A, int K>
+struct ReduceSmem {
+  A warp[2][32][K];   // per-warp partials
+  A cta[2][K];        // per-CTA partials read by the other CTAs of a cluster
+};
+
+// Sums K values over the threads of one row: `tpr` (a power of two) threads
+// of this CTA, times `csize` CTAs of a thread-block cluster.  Every step adds
+// in a fixed order, so the result is identical in every thread and every run.
+template <typename A, int K>
+struct RowReducer {
+  ReduceSmem<A, K>& s;
+  int tpr, csize, row_in_cta;
+  int parity = 0;
+
+  __device__ void sum(A (&v)[K]) {
+    const int lanes = tpr < 32 ? tpr : 32;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      for (int off = lanes / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    if (tpr > 32) {
+      const int warp = threadIdx.x / 32, wpr = tpr / 32;
+      if (threadIdx.x % 32 == 0)
+#pragma unroll
+        for (int k = 0; k < K; ++k) s.warp[parity][warp][k] = v[k];
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        A t = 0;
+        for (int w = 0; w < wpr; ++w) t += s.warp[parity][row_in_cta * wpr + w][k];
+        v[k] = t;
+      }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (csize > 1) {  // one row per CTA here: exchange CTA sums through DSMEM
+      namespace cg = cooperative_groups;
+      cg::cluster_group cluster = cg::this_cluster();
+      if (threadIdx.x == 0)
+#pragma unroll
+        for (int k = 0; k < K; ++k) s.cta[parity][k] = v[k];
+      cluster.sync();
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        A t = 0;
+        for (int r = 0; r < csize; ++r) t += cluster.map_shared_rank(&s.cta[parity][k], r)[0];
+        v[k] = t;
+      }
+    }
+#endif
+    parity ^= 1;
+  }
+
+  // A CTA of a cluster must not exit while others may still read its shared memory.
+  __device__ void finish() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (csize > 1) cooperative_groups::this_cluster().sync();
+#endif
+  }
+};
+
+__device__ __forceinline__ int cluster_rank_or_zero(int csize) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (csize > 1) return int(cooperative_groups::this_cluster().block_rank());
+#endif
+  return 0;
+}
+
+}  // namespace fln::cuda

@@ -1,0 +1,95 @@
+// Forward kernel, row held in registers.  `tpr` threads of a CTA (times
+// `csize` CTAs of a cluster for the largest rows) own one row; each thread
+// keeps NV vectors of VEC elements, so x is read from global memory exactly
+// once.  Mean, then variance over the registers (two passes over on-chip
+// data), then y is written.  Rows are visited in a grid-stride loop whose
+// trip count is uniform across a CTA and its cluster, so every thread takes
+// part in every barrier.
+#pragma once
+#include "common.cuh"
+#include "../params.h"
+
+namespace fln::cuda {
+
+struct RowLayout {
+  int tpr;      // threads of one CTA on a row (power of two)
+  int csize;    // CTAs of a cluster on a row (1 without clusters)
+};
+
+template <typename T, typename W, int VEC, int NV>
+__global__ void __launch_bounds__(1024) norm_fwd_kernel(FwdParams p, RowLayout lay) {
+  using A = dacc_t<T>;
+  __shared__ ReduceSmem<A, 1> smem;
+  const int tpr = lay.tpr, rpc = blockDim.x / tpr;  // rows per CTA
+  const int row_in_cta = threadIdx.x / tpr;
+  const int crank = cluster_rank_or_zero(lay.csize);
+  const int stride = tpr * lay.csize;  // threads per row
+  const int t = crank * tpr + threadIdx.x % tpr;
+  const int64_t group = blockIdx.x / lay.csize, ngroups = gridDim.x / lay.csize;
+  const int64_t n = p.cols;
+  const T* __restrict__ xg = static_cast<const T*>(p.x);
+  const W* __restrict__ wg = static_cast<const W*>(p.w);
+  const W* __restrict__ bg = static_cast<const W*>(p.b);
+  RowReducer<A, 1> red{smem, tpr, lay.csize, row_in_cta};
+
+  for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
+    const int64_t row = base + row_in_cta;
+    const bool live = row < p.rows;
+    A x[NV][VEC];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = int64_t(i * stride + t) * VEC;
+      if (live && c < n) load_vec(xg + row * p.x_stride + c, x[i]);
+      else
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) x[i][k] = 0;
+    }
+    A mean = 0;
+    if (!p.rms) {
+      A s[1] = {0};
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) s[0] += x[i][k];
+      red.sum(s);
+      mean = s[0] / A(n);
+    }
+    A q[1] = {0};
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const bool in = int64_t(i * stride + t) * VEC < n;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A d = in ? x[i][k] - mean : A(0);
+        q[0] += d * d;
+      }
+    }
+    red.sum(q);
+    const A rstd = rsqrt_acc(q[0] / A(n) + A(p.eps));
+    if (live && t == 0) {
+      if (p.mean) static_cast<A*>(p.mean)[row] = mean;
+      if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
+    }
+    if (!live) continue;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = int64_t(i * stride + t) * VEC;
+      if (c >= n) continue;
+      A w[VEC], b[VEC], y[VEC];
+      if (wg) load_vec(wg + c, w);
+      else
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) w[k] = 1;
+      if (bg) load_vec(bg + c, b);
+      else
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) b[k] = 0;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) y[k] = (x[i][k] - mean) * rstd * w[k] + b[k];
+      store_vec(static_cast<T*>(p.y) + row * n + c, y);
+    }
+  }
+  red.finish();
+}
+
+}  // namespace fln::cuda

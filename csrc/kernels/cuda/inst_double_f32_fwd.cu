@@ -1,0 +1,6 @@
+// Explicit instantiation: forward, input double, weight float.
+#include "launch.cuh"
+
+namespace fln::cuda {
+template cudaError_t norm_fwd<double, float>(const FwdParams&, const DeviceInfo&, cudaStream_t);
+}  // namespace fln::cuda

@@ -1,0 +1,6 @@
+// Explicit instantiation: forward, input double, weight double.
+#include "launch.cuh"
+
+namespace fln::cuda {
+template cudaError_t norm_fwd<double, double>(const FwdParams&, const DeviceInfo&, cudaStream_t);
+}  // namespace fln::cuda

@@ -1,0 +1,6 @@
+// Explicit instantiation: forward, input float, weight float.
+#include "launch.cuh"
+
+namespace fln::cuda {
+template cudaError_t norm_fwd<float, float>(const FwdParams&, const DeviceInfo&, cudaStream_t);
+}  // namespace fln::cuda

@@ -1,0 +1,63 @@
+// The one registration file: every schema is defined here once, and each
+// backend (CPU, CUDA, Meta, Autograd, CompositeExplicitAutograd) supplies its
+// kernels.  Loading the extension's shared library runs these registrations.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "torch/norm_ops.h"
+
+using namespace fln::glue;
+
+TORCH_LIBRARY(fused_layernorm, m) {
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+  m.def("layer_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps)"
+        " -> (Tensor, Tensor, Tensor)", tags);
+  m.def("layer_norm_bwd(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor mean, Tensor rstd,"
+        " Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)", tags);
+  m.def("rms_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor)", tags);
+  m.def("rms_norm_bwd(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor rstd, Tensor? weight,"
+        " bool[2] output_mask) -> (Tensor, Tensor)", tags);
+  m.def("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None,"
+        " float eps=1e-05) -> Tensor", tags);
+  m.def("rms_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor", tags);
+}
+
+TORCH_LIBRARY_IMPL(fused_layernorm, CPU, m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd<kCpuBackend>);
+  m.impl("layer_norm_bwd", &layer_norm_bwd<kCpuBackend>);
+  m.impl("rms_norm_fwd", &rms_norm_fwd<kCpuBackend>);
+  m.impl("rms_norm_bwd", &rms_norm_bwd<kCpuBackend>);
+}
+
+#ifdef FLN_WITH_CUDA
+TORCH_LIBRARY_IMPL(fused_layernorm, CUDA, m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd<kCudaBackend>);
+  m.impl("layer_norm_bwd", &layer_norm_bwd<kCudaBackend>);
+  m.impl("rms_norm_fwd", &rms_norm_fwd<kCudaBackend>);
+  m.impl("rms_norm_bwd", &rms_norm_bwd<kCudaBackend>);
+}
+#endif
+
+TORCH_LIBRARY_IMPL(fused_layernorm, Meta, m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd_meta);
+  m.impl("layer_norm_bwd", &layer_norm_bwd_meta);
+  m.impl("rms_norm_fwd", &rms_norm_fwd_meta);
+  m.impl("rms_norm_bwd", &rms_norm_bwd_meta);
+}
+
+TORCH_LIBRARY_IMPL(fused_layernorm, Autograd, m) {
+  m.impl("layer_norm", &layer_norm_autograd);
+  m.impl("rms_norm", &rms_norm_autograd);
+}
+
+TORCH_LIBRARY_IMPL(fused_layernorm, CompositeExplicitAutograd, m) {
+  m.impl("layer_norm", &layer_norm_composite);
+  m.impl("rms_norm", &rms_norm_composite);
+}
+
+// `import fused_layernorm._C` loads this library (and so the registrations).
+PyMODINIT_FUNC PyInit__C(void) {
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fused_layernorm ops (registered with torch)",
+                                      -1, nullptr};
+  return PyModule_Create(&module);
+}

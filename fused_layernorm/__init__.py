@@ -1,0 +1,21 @@
+"""fused_layernorm: fused LayerNorm and RMSNorm kernels for PyTorch.
+
+The ops are defined once in C++ (``torch.ops.fused_layernorm.*``) with CPU and
+CUDA backends, meta kernels for ``torch.compile`` and autograd in C++.  This
+package is the thin Python front end.
+"""
+import torch  # noqa: F401  (loads libtorch, which the extension links against)
+
+from . import _C  # noqa: F401  (loads the extension and registers the ops)
+from .functional import fused_layer_norm, fused_rms_norm, layer_norm, rms_norm
+from .modules import FusedLayerNorm, FusedRMSNorm
+
+__all__ = [
+    "fused_layer_norm",
+    "layer_norm",
+    "fused_rms_norm",
+    "rms_norm",
+    "FusedLayerNorm",
+    "FusedRMSNorm",
+]
+__version__ = "0.1.0"

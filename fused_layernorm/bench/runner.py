@@ -1,0 +1,202 @@
+"""Runs the cases: for each (op, dtype, hidden) build inputs and the float32
+reference once, then per peer verify first and time only what verified."""
+import contextlib
+import gc
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from . import timing
+from .cases import DTYPES, EPS, bytes_moved, make_inputs
+from .verify import check, reference
+
+
+@dataclass
+class Plan:
+    device: str
+    ops: Sequence[str]
+    dtypes: Sequence[str]
+    hidden: Sequence[int]
+    directions: Sequence[str]
+    rows_for: Callable[[int], int]
+    reps: int = 25
+    warmup: int = 3
+    copy_gbps: float = 0.0
+    emit: Callable[[dict], None] = print
+    verify_s: Dict[str, float] = field(default_factory=dict)  # per peer, includes compile time
+
+
+def _cleanup(device: str):
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _errs(errors: dict) -> dict:
+    """Three significant digits; inf/nan as strings so the JSON stays standard."""
+    return {k: float(f"{v:.3g}") if math.isfinite(v) else str(v) for k, v in errors.items()}
+
+
+def _round(v: Optional[float], nd: int) -> Optional[float]:
+    return None if v is None else round(v, nd)
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
+
+
+def _call_for(direction: str, bound, inp, dy):
+    """The callable timed for a direction, and the grad mode to time it under."""
+    if direction == "fwd":
+        x = inp.x
+        return (lambda: bound.fn(x)), torch.no_grad
+    x = inp.x.detach().requires_grad_()
+    leaves = [x] + bound.params
+    if direction == "bwd":
+        y = bound.fn(x)
+        return (lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)), contextlib.nullcontext
+    return (lambda: torch.autograd.grad(bound.fn(x), leaves, dy)), contextlib.nullcontext
+
+
+def _verify(plan: Plan, peer, op, dtype, inp, ref, dirs):
+    t0 = time.perf_counter()
+    bound = peer.bind(op, inp.w, inp.b, EPS[op])
+    chk = check(bound, inp, ref, dtype, fwd=any(d != "bwd" for d in dirs),
+                bwd=any(d != "fwd" for d in dirs))
+    if plan.device == "cuda":
+        torch.cuda.synchronize()
+    plan.verify_s[peer.name] = plan.verify_s.get(peer.name, 0.0) + time.perf_counter() - t0
+    return bound, chk
+
+
+def run_large(plan: Plan, peers) -> List[dict]:
+    rows: List[dict] = []
+    flush = timing.L2Flush(plan.device) if plan.device == "cuda" else None
+
+    def time_it(fn):
+        if flush is not None:
+            return timing.cuda_time_us(fn, plan.reps, plan.warmup, flush)
+        return timing.host_time_us(fn, warmup=min(plan.warmup, 2), max_reps=plan.reps)
+
+    for op in plan.ops:
+        for dtype in plan.dtypes:
+            for hidden in plan.hidden:
+                n_rows = plan.rows_for(hidden)
+                inp = make_inputs(op, n_rows, hidden, DTYPES[dtype], plan.device)
+                ref = reference(op, inp, EPS[op], grads=any(d != "fwd" for d in plan.directions))
+                for peer in peers:
+                    dirs = [d for d in plan.directions if peer.supports(op, dtype, d)]
+                    if not dirs:
+                        continue
+                    base = dict(op=op, dtype=dtype, hidden=hidden, rows=n_rows, peer=peer.name)
+                    try:
+                        bound, chk = _verify(plan, peer, op, dtype, inp, ref, dirs)
+                    except Exception as e:
+                        for d in dirs:
+                            rows.append(_row(plan, base, d, None, "ERROR", {}, _first_line(e)))
+                        _cleanup(plan.device)
+                        continue
+                    dy = inp.dy.clone()  # a peer may write into its dy
+                    for d in dirs:
+                        if not chk.ok_for(d):
+                            rows.append(_row(plan, base, d, None, "WRONG", chk.errors, ""))
+                            continue
+                        try:
+                            fn, mode = _call_for(d, bound, inp, dy)
+                            with mode():
+                                t_us, _ = time_it(fn)
+                            del fn
+                            rows.append(_row(plan, base, d, t_us, "ok", chk.errors, ""))
+                        except Exception as e:
+                            rows.append(_row(plan, base, d, None, "ERROR", chk.errors, _first_line(e)))
+                    del bound, dy
+                del inp, ref
+                _cleanup(plan.device)
+    return rows
+
+
+def _row(plan: Plan, base: dict, direction: str, t_us: Optional[float], status: str,
+         errors: dict, note: str) -> dict:
+    nbytes = bytes_moved(base["op"], direction, base["rows"], base["hidden"], DTYPES[base["dtype"]])
+    gbps = nbytes / (t_us * 1e-6) / 1e9 if t_us else None
+    pct = 100.0 * gbps / plan.copy_gbps if gbps and plan.copy_gbps else None
+    row = dict(base, direction=direction, time_us=_round(t_us, 2), gbps=_round(gbps, 1),
+               pct_copy=_round(pct, 2),
+               bytes=nbytes, status=status, errors=_errs(errors),
+               note=note)
+    plan.emit(row)
+    return row
+
+
+def run_small(plan: Plan, peers, rows_list: Sequence[int], hidden: int, dtype: str,
+              calls: int = 200, loops: int = 7) -> List[dict]:
+    """Per-call wall time through the Python API for tiny batches.  The peers of
+    one case take turns loop by loop, so that drifts of the host hit all alike."""
+    out: List[dict] = []
+    sync = torch.cuda.synchronize if plan.device == "cuda" else (lambda: None)
+    for op in plan.ops:
+        for n_rows in rows_list:
+            inp = make_inputs(op, n_rows, hidden, DTYPES[dtype], plan.device, seed=1)
+            ref = reference(op, inp, EPS[op], grads=True)
+            verified = {}  # peer name -> (bound, check) or the exception
+            for peer in peers:
+                dirs = [d for d in plan.directions if peer.supports(op, dtype, d)]
+                if dirs:
+                    try:
+                        verified[peer.name] = _verify(plan, peer, op, dtype, inp, ref, dirs)
+                    except Exception as e:
+                        verified[peer.name] = e
+            for d in plan.directions:
+                fns, pending = {}, []
+                for peer in peers:
+                    if peer.name not in verified or not peer.supports(op, dtype, d):
+                        continue
+                    base = dict(op=op, dtype=dtype, hidden=hidden, rows=n_rows, peer=peer.name)
+                    v = verified[peer.name]
+                    if isinstance(v, Exception):
+                        out.append(_small_row(plan, base, d, None, "ERROR", {}, _first_line(v)))
+                    elif not v[1].ok_for(d):
+                        out.append(_small_row(plan, base, d, None, "WRONG", v[1].errors, ""))
+                    else:
+                        fns[peer.name] = _fwd_call(v[0], inp) if d == "fwd" else _train_step(v[0], inp)
+                        pending.append((base, v[1].errors))
+                with torch.no_grad() if d == "fwd" else contextlib.nullcontext():
+                    res = timing.per_call_us_interleaved(fns, sync, calls, loops)
+                for base, errors in pending:
+                    r = res[base["peer"]]
+                    if isinstance(r, Exception):
+                        out.append(_small_row(plan, base, d, None, "ERROR", errors, _first_line(r)))
+                    else:
+                        out.append(_small_row(plan, base, d, r, "ok", errors, ""))
+            del inp, ref, verified
+            _cleanup(plan.device)
+    return out
+
+
+def _fwd_call(bound, inp):
+    x = inp.x
+    return lambda: bound.fn(x)
+
+
+def _train_step(bound, inp):
+    x = inp.x.detach().requires_grad_()
+    leaves = [x] + bound.params
+    dy = inp.dy.clone()
+
+    def step():
+        bound.fn(x).backward(dy)
+        for t in leaves:  # what zero_grad(set_to_none=True) does; keeps .grad from accumulating
+            t.grad = None
+    return step
+
+
+def _small_row(plan, base, direction, us, status, errors, note) -> dict:
+    row = dict(base, direction=direction, us_per_call=_round(us, 2), status=status,
+               errors=_errs(errors), note=note)
+    plan.emit(row)
+    return row

@@ -1,0 +1,107 @@
+"""Timers: CUDA events with an L2 flush between calls, host timers, copy bandwidth."""
+import statistics
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+
+class L2Flush:
+    """Writes a buffer of twice the L2 size, so that no input of the next call
+    is still cached.  Runs outside the timed region."""
+
+    def __init__(self, device="cuda"):
+        props = torch.cuda.get_device_properties(device)
+        self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 64 << 20)
+        self.buf = torch.empty(2 * self.l2_bytes, dtype=torch.uint8, device=device)
+
+    def __call__(self):
+        self.buf.zero_()
+
+
+def _let_host_run_ahead(reps: int):
+    # Queue a GPU sleep first, so that the host enqueues all reps before the
+    # first one starts and host overhead between kernels is never timed.
+    try:
+        torch.cuda._sleep(200_000 * reps)  # ~0.1 ms a rep at ~2 GHz
+    except Exception:
+        pass
+
+
+def cuda_time_us(fn: Callable, reps: int, warmup: int, flush: L2Flush) -> Tuple[float, List[float]]:
+    """Median over `reps` of the GPU time of one fn(), in microseconds."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    _let_host_run_ahead(reps)
+    for i in range(reps):
+        flush()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    return statistics.median(times), times
+
+
+def host_time_us(fn: Callable, warmup: int = 2, min_reps: int = 3, max_reps: int = 20,
+                 budget_s: float = 0.3) -> Tuple[float, List[float]]:
+    """Median wall time of one fn() on the host (CPU backend), in microseconds.
+    Takes as many reps as fit in budget_s, within [min_reps, max_reps]."""
+    for _ in range(warmup):
+        fn()
+    times: List[float] = []
+    t_end = time.perf_counter() + budget_s
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times), times
+
+
+def per_call_us_interleaved(fns: Dict[str, Callable], sync: Callable, calls: int = 200,
+                            loops: int = 7, warmup: int = 50) -> Dict[str, object]:
+    """Wall time per call of `calls` back-to-back calls followed by one sync, the
+    median over `loops` such loops: what an eager Python caller pays.  The fns
+    take turns loop by loop.  Returns {name: microseconds or the exception}."""
+    res: Dict[str, object] = {}
+    samples: Dict[str, List[float]] = {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(warmup):
+                fn()
+            sync()
+            samples[name] = []
+        except Exception as e:
+            res[name] = e
+    for _ in range(loops):
+        for name in list(samples):
+            fn = fns[name]
+            try:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                sync()
+                samples[name].append((time.perf_counter() - t0) * 1e6 / calls)
+            except Exception as e:
+                res[name] = e
+                del samples[name]
+    res.update({name: statistics.median(s) for name, s in samples.items()})
+    return res
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30, reps: int = 20) -> dict:
+    """Device copy src -> dst of nbytes; bandwidth counts bytes read + written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    src.random_(0, 256)
+    dst = torch.empty_like(src)
+    if device == "cuda":
+        t_us, _ = cuda_time_us(lambda: dst.copy_(src), reps=reps, warmup=3, flush=L2Flush(device))
+    else:
+        t_us, _ = host_time_us(lambda: dst.copy_(src), warmup=2, min_reps=5, max_reps=reps, budget_s=1.0)
+    del src, dst
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {"gbps": 2 * nbytes / (t_us * 1e-6) / 1e9, "bytes": 2 * nbytes, "time_us": t_us}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The GPU check: run on a machine with a CUDA GPU (`make gpu-check`).
+# Builds the extension, runs the C++ tests, the whole Python suite (CPU and
+# CUDA), compute-sanitizer memcheck on a small selection, then the benchmark,
+# which writes bench/results/<date>-<gpu>.json with the test counts inside.
+# Logs go to $OUT (or bench/out) as well.  Exits non-zero if anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+LOG=${OUT:-bench/out}
+mkdir -p "$LOG" bench/results
+export PYTHONUNBUFFERED=1
+status=0
+
+echo "== build"
+MAX_JOBS=${MAX_JOBS:-16} $PY -m pip install --no-build-isolation --no-deps -e . >"$LOG/build.log" 2>&1 \
+  || { tail -50 "$LOG/build.log"; exit 1; }
+tail -3 "$LOG/build.log"
+
+echo "== C++ tests"
+(cmake -S . -B build-cpp -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-cpp -j 8 >/dev/null \
+  && ctest --test-dir build-cpp 2>&1 | tail -3) || status=1
+
+echo "== Python tests (CPU and CUDA)"
+$PY -m pytest tests/python -q -rs -p no:cacheprovider --junitxml="$LOG/junit.xml" $* 2>&1 | tee "$LOG/pytest.log" | tail -40
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+
+echo "== compute-sanitizer memcheck (tests marked sanitize)"
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 99 $PY -m pytest tests/python -q -m sanitize -k cuda \
+    -p no:cacheprovider >"$LOG/sanitizer.log" 2>&1
+  rc=$?; tail -5 "$LOG/sanitizer.log"; echo "sanitizer exit: $rc"; [ $rc = 0 ] || status=1
+else
+  echo "compute-sanitizer not found"; rc=-1; status=1
+fi
+
+$PY scripts/test_summary.py "$LOG/junit.xml" "$LOG/ctest.txt" $rc >"$LOG/test_summary.json"
+cat "$LOG/test_summary.json"
+
+echo "== benchmark"
+GPU=$($PY -c "import torch,re;print(re.sub('[^a-z0-9]+','-',torch.cuda.get_device_name().lower()).strip('-'))")
+RESULTS=bench/results/$(date +%F)-$GPU.json
+$PY -m fused_layernorm.bench --results "$RESULTS" --test-summary "$LOG/test_summary.json" --out "$LOG" ${BENCH_ARGS:-} \
+  2>&1 | tee "$LOG/bench.log" | tail -80
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+cp "$RESULTS" "$LOG/" 2>/dev/null
+echo "gpu-check status: $status (results: $RESULTS)"
+exit $status

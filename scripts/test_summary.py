@@ -1,0 +1,31 @@
+"""Turns the GPU check's JUnit XML into the test counts stored in the results file."""
+import json
+import sys
+import xml.etree.ElementTree as ET
+
+
+def main(junit_path: str, _ctest: str, sanitizer_rc: str) -> None:
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    skipped = {}
+    try:
+        root = ET.parse(junit_path).getroot()
+        for case in root.iter("testcase"):
+            if case.find("failure") is not None:
+                counts["failed"] += 1
+            elif case.find("error") is not None:
+                counts["errors"] += 1
+            elif case.find("skipped") is not None:
+                counts["skipped"] += 1
+                msg = case.find("skipped").get("message", "")
+                skipped[msg] = skipped.get(msg, 0) + 1
+            else:
+                counts["passed"] += 1
+    except (OSError, ET.ParseError) as e:
+        counts["error"] = f"could not read {junit_path}: {e}"
+    counts["skip_reasons"] = skipped
+    counts["compute_sanitizer_exit"] = int(sanitizer_rc)
+    print(json.dumps(counts, indent=1))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,60 @@
+// The CUDA launch heuristic is a pure host function: check that every hidden
+// size gets a plan that covers the whole row within the register budget.
+#include <gtest/gtest.h>
+
+#include "kernels/cuda/launch_plan.h"
+
+using namespace fln::cuda;
+
+namespace {
+
+void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc) {
+  DeviceInfo dev;
+  dev.sm_count = 132;
+  dev.cc_major = cc;
+  const Plan p = make_plan(1000, cols, elem, acc, vec_ok, bwd, dev);
+  SCOPED_TRACE(testing::Message() << "cols=" << cols << " elem=" << elem << " bwd=" << bwd << " cc=" << cc);
+  if (!p.registers) {
+    // Falls back only when one CTA cannot hold the row and clusters can't help.
+    const int64_t per_cta = int64_t(1024) * max_elems_per_thread(bwd, acc);
+    EXPECT_GT(cols, per_cta);
+    if (cc >= 9) EXPECT_GT(cols, 16 * per_cta);
+    return;
+  }
+  EXPECT_EQ(p.vec, vec_ok ? 16 / elem : 1);
+  EXPECT_GE(int64_t(p.tpr) * p.csize * p.nv * p.vec, cols);          // covers the row
+  EXPECT_LE(p.nv * p.vec, std::max(p.vec, max_elems_per_thread(bwd, acc)));  // register budget
+  EXPECT_EQ(p.tpr & (p.tpr - 1), 0);                                  // power of two
+  EXPECT_LE(p.tpr, 1024);
+  EXPECT_LE(p.csize, 16);
+  if (p.csize > 1) {
+    EXPECT_GE(cc, 9);
+    EXPECT_EQ(p.tpr, p.cta_threads);  // one row per CTA in a cluster
+  }
+  EXPECT_EQ(p.cta_threads % p.tpr, 0);
+  EXPECT_EQ(p.rows_per_cta, p.cta_threads / p.tpr);
+  EXPECT_EQ(p.groups, (1000 + p.rows_per_cta - 1) / p.rows_per_cta);
+}
+
+}  // namespace
+
+TEST(LaunchPlan, EveryHiddenSizeIsCovered) {
+  for (int64_t cols = 1; cols <= 300000; cols += (cols < 2048 ? 1 : 997))
+    for (int elem : {2, 4, 8})
+      for (bool bwd : {false, true})
+        for (int cc : {8, 9}) {
+          const int acc = elem == 8 ? 8 : 4;
+          check_cover(cols, elem, acc, false, bwd, cc);
+          if (cols % (16 / elem) == 0) check_cover(cols, elem, acc, true, bwd, cc);
+        }
+}
+
+TEST(LaunchPlan, BenchmarkSizesUseRegistersOnHopper) {
+  DeviceInfo dev;
+  dev.cc_major = 9;
+  for (int64_t cols : {256, 1024, 4096, 8192, 65536, 131072}) {
+    EXPECT_TRUE(make_plan(1 << 20, cols, 2, 4, true, false, dev).registers) << cols;
+    EXPECT_TRUE(make_plan(1 << 20, cols, 2, 4, true, true, dev).registers) << cols;
+  }
+  EXPECT_TRUE(make_plan(512, 262144, 2, 4, true, false, dev).registers);
+}

@@ -1,0 +1,71 @@
+"""Functional API.  Every call goes straight to one registered C++ op, which
+checks its arguments, dispatches to the CPU or CUDA kernels and carries its own
+autograd; nothing here does any math."""
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+_ops = torch.ops.fused_layernorm
+
+_Shape = Union[int, Sequence[int], torch.Size]
+
+
+def _as_shape(normalized_shape: _Shape) -> list:
+    if isinstance(normalized_shape, int):
+        return [normalized_shape]
+    return list(normalized_shape)
+
+
+def layer_norm(
+    input: Tensor,
+    normalized_shape: _Shape,
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """LayerNorm over the trailing ``normalized_shape`` dims of ``input``.
+
+    Same contract as :func:`torch.nn.functional.layer_norm`: ``weight`` and
+    ``bias`` (optional) have shape ``normalized_shape`` and the input's dtype or
+    float32.  Statistics are computed in float32 (float64 for double inputs);
+    the output has the input's dtype.  Differentiable in all three tensors.
+    """
+    return _ops.layer_norm(input, _as_shape(normalized_shape), weight, bias, float(eps))
+
+
+def fused_layer_norm(
+    x: Tensor,
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """LayerNorm over the last dimension of ``x`` (the seed's call).
+
+    Equivalent to ``layer_norm(x, x.shape[-1:], weight, bias, eps)``.
+    """
+    if x.dim() == 0:
+        raise ValueError("fused_layer_norm: input must have at least one dimension, got a 0-d tensor")
+    return _ops.layer_norm(x, [x.shape[-1]], weight, bias, float(eps))
+
+
+def rms_norm(
+    input: Tensor,
+    normalized_shape: _Shape,
+    weight: Optional[Tensor] = None,
+    eps: Optional[float] = None,
+) -> Tensor:
+    """RMSNorm over the trailing ``normalized_shape`` dims of ``input``.
+
+    Same contract as :func:`torch.nn.functional.rms_norm`; ``eps=None`` means
+    ``torch.finfo(input.dtype).eps``.
+    """
+    return _ops.rms_norm(input, _as_shape(normalized_shape), weight, None if eps is None else float(eps))
+
+
+def fused_rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = None) -> Tensor:
+    """RMSNorm over the last dimension of ``x``; ``eps=None`` means
+    ``torch.finfo(x.dtype).eps``."""
+    if x.dim() == 0:
+        raise ValueError("fused_rms_norm: input must have at least one dimension, got a 0-d tensor")
+    return _ops.rms_norm(x, [x.shape[-1]], weight, None if eps is None else float(eps))

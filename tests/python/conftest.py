@@ -1,0 +1,40 @@
+"""pytest configuration for the fused_layernorm tests.
+
+Run from the repository root: ``python -m pytest tests/python``.
+"""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from helpers import requires_cuda, seed_from  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "sanitize: small, fast CUDA tests selected for compute-sanitizer runs "
+        "(compute-sanitizer python -m pytest tests/python -m sanitize)",
+    )
+    config.addinivalue_line("markers", "slow: large tests (seconds each)")
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=requires_cuda)])
+def device(request):
+    """Every device the tests can run on; cuda params skip without CUDA."""
+    return request.param
+
+
+@pytest.fixture
+def seed(request):
+    """A per-test seed derived from the test id (reproducible, distinct per test)."""
+    return seed_from(request.node.nodeid)
+
+
+@pytest.fixture(autouse=True)
+def _seed_global_rng(seed):
+    # Helpers draw from explicit generators; this covers anything using the global RNG.
+    torch.manual_seed(seed)

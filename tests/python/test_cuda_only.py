@@ -1,0 +1,313 @@
+"""CUDA-specific tests (all skip without CUDA): > 2^31 elements, misaligned
+pointers, CUDA graphs, non-current devices, a wide hidden-size sweep, a
+row-count sweep and bitwise determinism at sizes where reductions span many
+blocks.  Tests marked ``sanitize`` are the small, fast selection for
+compute-sanitizer:
+
+    compute-sanitizer --tool memcheck python -m pytest tests/python -m sanitize
+"""
+import copy
+
+import pytest
+import torch
+
+import fused_layernorm as fl
+from helpers import (
+    DTYPES,
+    Inputs,
+    assert_close,
+    check_result,
+    dtype_name,
+    generator,
+    growth,
+    make_inputs,
+    randn,
+    reference,
+    requires_cuda,
+    run_fused,
+    unit_roundoff,
+)
+
+pytestmark = requires_cuda
+
+ops = torch.ops.fused_layernorm
+KINDS = ["ln", "rms"]
+kinds = pytest.mark.parametrize("kind", KINDS)
+dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+
+
+def check(inp):
+    res = run_fused(inp)
+    check_result(inp, res, reference(inp))
+    return res
+
+
+# --- compute-sanitizer selection ------------------------------------------------
+
+@pytest.mark.sanitize
+@kinds
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [3, 1025, 8193])
+def test_sanitize_small_sizes(kind, dtype, hidden, seed):
+    """A few odd sizes, fwd + bwd (small enough to run under compute-sanitizer)."""
+    check(make_inputs(kind, (5, hidden), (hidden,), dtype, "cuda", generator(seed)))
+
+
+# --- misaligned pointers ----------------------------------------------------------
+
+def _misaligned(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A tensor equal to ``t`` whose data pointer is one element past a 16-byte
+    boundary: either contiguous (flat buffer offset by one element) or a
+    ``big[..., 1:]`` slice (row stride hidden + 1)."""
+    if layout == "contiguous":
+        flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        out = flat[1:].view(t.shape)
+    else:
+        big = torch.empty(t.shape[:-1] + (t.shape[-1] + 1,), dtype=t.dtype, device=t.device)
+        out = big[..., 1:]
+    out.copy_(t)
+    assert out.data_ptr() % 16 != 0
+    return out
+
+
+@kinds
+@dtypes
+@pytest.mark.parametrize("hidden", [pytest.param(127, marks=pytest.mark.sanitize), 1, 3, 1023, 4097, 8191])
+@pytest.mark.parametrize("layout", ["contiguous", "sliced"])
+def test_misaligned_pointers(kind, dtype, hidden, layout, seed):
+    """x, grad_out, weight and bias all start off a 16-byte boundary (odd hidden sizes)."""
+    inp = make_inputs(kind, (6, hidden), (hidden,), dtype, "cuda", generator(seed))
+    inp.x = _misaligned(inp.x, layout)
+    inp.grad_out = _misaligned(inp.grad_out, layout)
+    inp.weight = _misaligned(inp.weight, "contiguous")
+    if inp.bias is not None:
+        inp.bias = _misaligned(inp.bias, "contiguous")
+    check(inp)
+
+
+# --- hidden-size and row-count sweeps -------------------------------------------
+
+SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 1000, 1023, 1024, 1025, 4096, 5120, 7168, 8191, 12288,
+                16384, 32768, 65536, 65537, 131072, 262144]
+
+
+def _rows_for(hidden):
+    return 4 if hidden <= 16384 else 3 if hidden <= 65537 else 2
+
+
+@kinds
+@dtypes
+@pytest.mark.parametrize("hidden", SWEEP_HIDDEN)
+def test_hidden_size_sweep(kind, dtype, hidden, seed):
+    """Every kernel configuration (small / vectorised / multi-pass hidden sizes), fwd + bwd."""
+    check(make_inputs(kind, (_rows_for(hidden), hidden), (hidden,), dtype, "cuda", generator(seed)))
+
+
+@kinds
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [256, 1024])
+def test_row_count_sweep(kind, dtype, hidden, seed):
+    """Odd row counts 1..299: partial row blocks in forward and in the dweight/dbias reduction."""
+    gen = generator(seed)
+    for rows in range(1, 300, 2):
+        inp = make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", gen)
+        try:
+            check(inp)
+        except AssertionError as e:
+            raise AssertionError(f"rows={rows}: {e}") from None
+
+
+# --- more than 2^31 elements ------------------------------------------------------
+
+@pytest.mark.slow
+@kinds
+def test_more_than_int32_max_elements(kind, seed):
+    """(2^31/4096 + 3) x 4096 bf16 = 2^31 + 12288 elements: index arithmetic must be
+    64-bit.  Forward and dx are checked on rows sampled around the 2^31 element
+    boundary and at the end (the last rows must be written); dweight/dbias
+    against a chunked float64 reference over all rows."""
+    hidden = 4096
+    boundary_row = 2**31 // hidden
+    rows = boundary_row + 3
+    free, _ = torch.cuda.mem_get_info()
+    if free < 20 * 2**30:
+        pytest.skip(f"needs ~20 GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+
+    dtype = torch.bfloat16
+    g_cuda = torch.Generator(device="cuda")
+    g_cuda.manual_seed(seed)
+    x = torch.randn(rows, hidden, device="cuda", dtype=dtype, generator=g_cuda).mul_(2).add_(1)
+    grad = torch.randn(rows, hidden, device="cuda", dtype=dtype, generator=g_cuda)
+    gen = generator(seed)
+    w = randn((hidden,), dtype=dtype, device="cuda", gen=gen, scale=0.5, offset=1.0)
+    b = randn((hidden,), dtype=dtype, device="cuda", gen=gen, scale=0.5) if kind == "ln" else None
+
+    sample = torch.tensor([0, 1, rows // 3, boundary_row - 1, boundary_row, boundary_row + 1, rows - 2, rows - 1],
+                          device="cuda")
+    eps = 1e-5 if kind == "ln" else 1e-6
+    inp = Inputs(kind, x[sample], (hidden,), w, b, eps, grad[sample])
+    ref = reference(inp)
+
+    if kind == "ln":
+        y, mean, rstd = ops.layer_norm_fwd(x, [hidden], w, b, eps)
+    else:
+        y, rstd = ops.rms_norm_fwd(x, [hidden], w, eps)
+        mean = None
+    assert y.shape == x.shape and rstd.shape == (rows,)
+    assert_close(y[sample], ref.y, dtype=dtype, slack=ref.y_slack, what="y (sampled rows)")
+    assert_close(rstd[sample], ref.rstd, dtype=torch.float32, slack=ref.rstd_slack, what="rstd (sampled rows)")
+    del y
+
+    if kind == "ln":
+        dx, dw, db = ops.layer_norm_bwd(grad, x, [hidden], mean, rstd, w, b, [True, True, True])
+    else:
+        dx, dw = ops.rms_norm_bwd(grad, x, [hidden], rstd, w, [True, True])
+        db = None
+    assert_close(dx[sample], ref.dx, dtype=dtype, slack=ref.dx_slack, what="dx (sampled rows)")
+    del dx
+
+    # dweight / dbias: float64 reference accumulated over row chunks
+    dw_ref = torch.zeros(hidden, dtype=torch.float64, device="cuda")
+    db_ref = torch.zeros(hidden, dtype=torch.float64, device="cuda")
+    abs_sum = torch.zeros(hidden, dtype=torch.float64, device="cuda")
+    gabs_sum = torch.zeros(hidden, dtype=torch.float64, device="cuda")
+    for start in range(0, rows, 16384):
+        xc = x[start : start + 16384].double()
+        gc = grad[start : start + 16384].double()
+        if kind == "ln":
+            mu = xc.mean(-1, keepdim=True)
+            r = torch.rsqrt((xc - mu).square().mean(-1, keepdim=True) + eps)
+            xhat = (xc - mu) * r
+        else:
+            r = torch.rsqrt(xc.square().mean(-1, keepdim=True) + eps)
+            xhat = xc * r
+        cond = r * xc.abs().amax(-1, keepdim=True)
+        dw_ref += (gc * xhat).sum(0)
+        db_ref += gc.sum(0)
+        abs_sum += (gc.abs() * (xhat.abs() + cond)).sum(0)
+        gabs_sum += gc.abs().sum(0)
+        del xc, gc, xhat
+    u = unit_roundoff(dtype)
+    assert_close(dw, dw_ref, dtype=dtype, slack=u * (growth(rows) + growth(hidden)) * abs_sum, what="dweight")
+    if kind == "ln":
+        assert_close(db, db_ref, dtype=dtype, slack=u * growth(rows) * gabs_sum, what="dbias")
+
+
+# --- CUDA graphs --------------------------------------------------------------------
+
+def _raw_fwd_bwd(kind, x, w, b, g, hidden):
+    if kind == "ln":
+        y, mean, rstd = ops.layer_norm_fwd(x, [hidden], w, b, 1e-5)
+        grads = ops.layer_norm_bwd(g, x, [hidden], mean, rstd, w, b, [True, True, True])
+        return (y, mean, rstd) + tuple(grads)
+    y, rstd = ops.rms_norm_fwd(x, [hidden], w, 1e-6)
+    return (y, rstd) + tuple(ops.rms_norm_bwd(g, x, [hidden], rstd, w, [True, True]))
+
+
+@kinds
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
+def test_cuda_graph_capture_and_replay_raw_ops(kind, dtype, seed):
+    """fwd + bwd ops captured in a CUDA graph; replays on new data equal eager (bitwise)."""
+    rows, hidden = 333, 1536
+    gen = generator(seed)
+    inp = make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", gen)
+    x, w, b, g = inp.x.clone(), inp.weight.clone(), None if inp.bias is None else inp.bias.clone(), inp.grad_out.clone()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            _raw_fwd_bwd(kind, x, w, b, g, hidden)
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = _raw_fwd_bwd(kind, x, w, b, g, hidden)
+
+    for trial in range(3):
+        new = make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", gen)
+        x.copy_(new.x)
+        g.copy_(new.grad_out)
+        w.copy_(new.weight)
+        if b is not None:
+            b.copy_(new.bias)
+        graph.replay()
+        eager = _raw_fwd_bwd(kind, x, w, b, g, hidden)
+        torch.cuda.synchronize()
+        for i, (a, e) in enumerate(zip(static_out, eager)):
+            torch.testing.assert_close(a, e, rtol=0, atol=0, msg=lambda m: f"trial {trial}, output {i}: {m}")
+
+
+@kinds
+def test_cuda_graph_make_graphed_callables_module(kind, seed):
+    """A fused module graphed with make_graphed_callables (autograd op in forward and
+    backward graphs) gives the eager module's output and gradients."""
+    hidden = 768
+    gen = generator(seed)
+    mod = (fl.FusedLayerNorm if kind == "ln" else fl.FusedRMSNorm)(hidden, device="cuda")
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.copy_(randn(p.shape, dtype=p.dtype, device="cuda", gen=gen, scale=0.5, offset=1.0))
+    eager_mod = copy.deepcopy(mod)
+    sample = torch.randn(64, hidden, device="cuda", requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(mod, (sample,))
+
+    for _ in range(2):
+        x = randn((64, hidden), dtype=torch.float32, device="cuda", gen=gen, scale=2.0, offset=1.0)
+        g = randn((64, hidden), dtype=torch.float32, device="cuda", gen=gen)
+        outs = []
+        for m in (graphed, eager_mod):
+            for p in list(mod.parameters()) + list(eager_mod.parameters()):
+                p.grad = None
+            xl = x.clone().requires_grad_()
+            y = m(xl)
+            y.backward(g)
+            params = mod.parameters() if m is graphed else eager_mod.parameters()
+            outs.append([y.detach().clone(), xl.grad.clone()] + [p.grad.clone() for p in params])
+        for a, e in zip(*outs):
+            torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+# --- devices and streams --------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs at least 2 CUDA devices")
+@kinds
+@pytest.mark.parametrize("data_device,current_device", [(0, 1), (1, 0)], ids=["data0-current1", "data1-current0"])
+def test_tensor_on_non_current_device(kind, data_device, current_device, seed):
+    """Kernels must run on the tensors' device, not the current one."""
+    with torch.cuda.device(current_device):
+        inp = make_inputs(kind, (37, 1000), (1000,), torch.float32, f"cuda:{data_device}", generator(seed))
+        res = run_fused(inp)
+        torch.cuda.synchronize(data_device)
+    for t in (res.y, res.dx, res.dweight):
+        assert t.device == torch.device("cuda", data_device)
+    check_result(inp, res, reference(inp))
+
+
+@kinds
+def test_side_stream(kind, seed):
+    """Ops issued on a non-default stream are ordered on that stream."""
+    inp = make_inputs(kind, (512, 2048), (2048,), torch.float32, "cuda", generator(seed))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        res = run_fused(inp)
+        ref = reference(inp)  # torch ops on the same stream
+        check_result(inp, res, ref)
+
+
+# --- determinism at scale ------------------------------------------------------------
+
+@kinds
+@pytest.mark.parametrize("rows,hidden", [(20000, 1024), (500, 65536)], ids=["20000x1024", "500x65536"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
+def test_backward_bitwise_deterministic_many_rows(kind, rows, hidden, dtype, seed):
+    """dweight/dbias (and y, dx) are bitwise identical over three runs."""
+    inp = make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", generator(seed))
+    first = run_fused(inp)
+    for run in range(1, 3):
+        again = run_fused(inp)
+        for name in ("y", "dx", "dweight", "dbias"):
+            a, b = getattr(first, name), getattr(again, name)
+            if a is not None:
+                assert torch.equal(a, b), f"{name} differs between run 0 and run {run}"

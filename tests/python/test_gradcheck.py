@@ -1,0 +1,48 @@
+"""torch.autograd.gradcheck (float64, finite differences) of the differentiable
+ops: input, weight and bias gradients, 1-D and 2-D normalized_shape."""
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from fused_layernorm import layer_norm, rms_norm
+from helpers import generator, randn
+
+SHAPE = (3, 5, 8)
+NORMALIZED_SHAPES = pytest.mark.parametrize("ns", [(8,), (5, 8)], ids=["ns1", "ns2"])
+
+
+def _leaf(shape, device, gen, **kw):
+    return randn(shape, dtype=torch.float64, device=device, gen=gen, **kw).requires_grad_()
+
+
+@NORMALIZED_SHAPES
+@pytest.mark.parametrize("weight,bias", [(False, False), (True, False), (False, True), (True, True)])
+def test_layer_norm_gradcheck(ns, weight, bias, device, seed):
+    gen = generator(seed)
+    x = _leaf(SHAPE, device, gen, scale=2.0, offset=1.0)
+    w = _leaf(ns, device, gen, scale=0.5, offset=1.0) if weight else None
+    b = _leaf(ns, device, gen, scale=0.5) if bias else None
+    assert gradcheck(lambda x, w, b: layer_norm(x, ns, w, b, 1e-5), (x, w, b))
+
+
+@NORMALIZED_SHAPES
+@pytest.mark.parametrize("weight", [False, True])
+@pytest.mark.parametrize("eps", [1e-6, None], ids=["eps1e-6", "eps-default"])
+def test_rms_norm_gradcheck(ns, weight, eps, device, seed):
+    gen = generator(seed)
+    x = _leaf(SHAPE, device, gen, scale=2.0, offset=1.0)
+    w = _leaf(ns, device, gen, scale=0.5, offset=1.0) if weight else None
+    assert gradcheck(lambda x, w: rms_norm(x, ns, w, eps), (x, w))
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_gradcheck_noncontiguous_input(kind, device, seed):
+    """Transposed x (the op sees a non-contiguous input in forward and backward)."""
+    gen = generator(seed)
+    x = randn((8, 6), dtype=torch.float64, device=device, gen=gen, scale=2.0, offset=1.0).t().requires_grad_()
+    w = _leaf((8,), device, gen, scale=0.5, offset=1.0)
+    b = _leaf((8,), device, gen, scale=0.5)
+    if kind == "ln":
+        assert gradcheck(lambda x, w, b: layer_norm(x, (8,), w, b), (x, w, b))
+    else:
+        assert gradcheck(lambda x, w: rms_norm(x, (8,), w), (x, w))
