@@ -3,7 +3,8 @@
 # Builds the extension, runs the C++ tests, the whole Python suite (CPU and
 # CUDA), compute-sanitizer memcheck on a small selection, then the benchmark,
 # which writes bench/results/<date>-<gpu>.json with the test counts inside.
-# Logs go to $OUT (or bench/out) as well.  Exits non-zero if anything failed.
+# Logs go to $OUT (or bench/out): at most 8 files, the device tool's limit.
+# Exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,11 +19,17 @@ MAX_JOBS=${MAX_JOBS:-16} $PY -m pip install --no-build-isolation --no-deps -e . 
 tail -3 "$LOG/build.log"
 
 echo "== C++ tests"
-(cmake -S . -B build-cpp -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-cpp -j 8 >/dev/null \
-  && ctest --test-dir build-cpp 2>&1 | tail -3) || status=1
+ctest_summary="not run"
+if cmake -S . -B build-cpp -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-cpp -j 8 >/dev/null; then
+  ctest --test-dir build-cpp >/tmp/fln_ctest.log 2>&1 || status=1
+  ctest_summary=$(grep "tests passed" /tmp/fln_ctest.log || echo "ctest failed")
+else
+  ctest_summary="C++ build failed"; status=1
+fi
+echo "$ctest_summary"
 
 echo "== Python tests (CPU and CUDA)"
-$PY -m pytest tests/python -q -rs -p no:cacheprovider --junitxml="$LOG/junit.xml" $* 2>&1 | tee "$LOG/pytest.log" | tail -40
+$PY -m pytest tests/python -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit.xml $* 2>&1 | tee "$LOG/pytest.log" | tail -40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 echo "== compute-sanitizer memcheck (tests marked sanitize)"
@@ -34,15 +41,15 @@ else
   echo "compute-sanitizer not found"; rc=-1; status=1
 fi
 
-$PY scripts/test_summary.py "$LOG/junit.xml" "$LOG/ctest.txt" $rc >"$LOG/test_summary.json"
+$PY scripts/test_summary.py /tmp/fln_junit.xml "$ctest_summary" $rc >"$LOG/test_summary.json"
 cat "$LOG/test_summary.json"
 
 echo "== benchmark"
 GPU=$($PY -c "import torch,re;print(re.sub('[^a-z0-9]+','-',torch.cuda.get_device_name().lower()).strip('-'))")
 RESULTS=bench/results/$(date +%F)-$GPU.json
-$PY -m fused_layernorm.bench --results "$RESULTS" --test-summary "$LOG/test_summary.json" --out "$LOG" ${BENCH_ARGS:-} \
+$PY -m fused_layernorm.bench --results "$RESULTS" --test-summary "$LOG/test_summary.json" --out /tmp/fln_bench ${BENCH_ARGS:-} \
   2>&1 | tee "$LOG/bench.log" | tail -80
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
-cp "$RESULTS" "$LOG/" 2>/dev/null
+cp "$RESULTS" /tmp/fln_bench/results.csv /tmp/fln_bench/pct_copy.png "$LOG/" 2>/dev/null
 echo "gpu-check status: $status (results: $RESULTS)"
 exit $status

@@ -4,7 +4,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 
-def main(junit_path: str, _ctest: str, sanitizer_rc: str) -> None:
+def main(junit_path: str, ctest: str, sanitizer_rc: str) -> None:
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     skipped = {}
     try:
@@ -24,6 +24,7 @@ def main(junit_path: str, _ctest: str, sanitizer_rc: str) -> None:
         counts["error"] = f"could not read {junit_path}: {e}"
     counts["skip_reasons"] = skipped
     counts["compute_sanitizer_exit"] = int(sanitizer_rc)
+    counts["ctest"] = ctest
     print(json.dumps(counts, indent=1))
 
 

@@ -16,16 +16,19 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
   SCOPED_TRACE(testing::Message() << "cols=" << cols << " elem=" << elem << " bwd=" << bwd << " cc=" << cc);
   if (!p.registers) {
     // Falls back only when one CTA cannot hold the row and clusters can't help.
-    const int64_t per_cta = int64_t(1024) * max_elems_per_thread(bwd, acc);
+    const int vec = vec_ok ? 16 / elem : 1;
+    const int64_t per_cta = int64_t(kMaxCta) * max_accesses(bwd, vec, elem) * vec;
     EXPECT_GT(cols, per_cta);
     if (cc >= 9) EXPECT_GT(cols, 16 * per_cta);
     return;
   }
   EXPECT_EQ(p.vec, vec_ok ? 16 / elem : 1);
   EXPECT_GE(int64_t(p.tpr) * p.csize * p.nv * p.vec, cols);          // covers the row
-  EXPECT_LE(p.nv * p.vec, std::max(p.vec, max_elems_per_thread(bwd, acc)));  // register budget
-  EXPECT_EQ(p.tpr & (p.tpr - 1), 0);                                  // power of two
-  EXPECT_LE(p.tpr, 1024);
+  EXPECT_LE(p.nv, max_accesses(bwd, p.vec, elem));                    // register budget
+  if (bwd) EXPECT_LE(bwd_partials_smem(p.cta_threads, p.nv, p.vec, acc), 64 * 1024);  // 3 CTAs per SM
+  EXPECT_LE(p.nv * p.vec * elem, bwd ? 32 : 64);                       // bytes of row per thread
+  EXPECT_EQ(p.tpr & (p.tpr - 1), 0);                                   // power of two
+  EXPECT_LE(p.tpr, kMaxCta);
   EXPECT_LE(p.csize, 16);
   if (p.csize > 1) {
     EXPECT_GE(cc, 9);

@@ -1,6 +1,8 @@
 """pytest configuration for the fused_layernorm tests.
 
 Run from the repository root: ``python -m pytest tests/python``.
+Inputs are random but seeded per test (from the test id); set FLN_TEST_SEED=<n>
+to draw a different set of inputs for every test.
 """
 import os
 import sys

@@ -7,10 +7,11 @@ element by element (see helpers.py for the tolerances)."""
 import pytest
 import torch
 
+import fused_layernorm  # noqa: F401  (registers torch.ops.fused_layernorm)
 from helpers import (
     DTYPES,
     HALF_DTYPES,
-    assert_close,
+    LN_EPS,
     check_result,
     dtype_name,
     generator,
@@ -18,9 +19,6 @@ from helpers import (
     randn,
     reference,
     run_fused,
-    Inputs,
-    LN_EPS,
-    RMS_EPS,
 )
 
 KINDS = ["ln", "rms"]
@@ -197,7 +195,6 @@ def test_layer_norm_data_offset_by_1e4(hidden, device, seed):
     assert y_err < 0.1, f"max |y - ref| = {y_err:.3e} for data offset by 1e4"
     check_result(inp, res, ref)  # also dx / dweight / dbias with the conditioning-aware slack
 
-    import fused_layernorm  # noqa: F401
     _, mean, rstd = torch.ops.fused_layernorm.layer_norm_fwd(inp.x, [hidden], inp.weight, inp.bias, LN_EPS)
     torch.testing.assert_close(mean.double(), ref.mean, rtol=1e-5, atol=0)
     torch.testing.assert_close(rstd.double(), ref.rstd, rtol=1e-2, atol=0)  # variance within 2%

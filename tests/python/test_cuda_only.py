@@ -7,6 +7,7 @@ compute-sanitizer:
     compute-sanitizer --tool memcheck python -m pytest tests/python -m sanitize
 """
 import copy
+import gc
 
 import pytest
 import torch
@@ -119,9 +120,19 @@ def test_row_count_sweep(kind, dtype, hidden, seed):
 
 # --- more than 2^31 elements ------------------------------------------------------
 
+@pytest.fixture
+def free_cuda_memory():
+    """Release cached blocks before and after (the big test needs ~20 GiB)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.slow
 @kinds
-def test_more_than_int32_max_elements(kind, seed):
+def test_more_than_int32_max_elements(kind, seed, free_cuda_memory):
     """(2^31/4096 + 3) x 4096 bf16 = 2^31 + 12288 elements: index arithmetic must be
     64-bit.  Forward and dx are checked on rows sampled around the 2^31 element
     boundary and at the end (the last rows must be written); dweight/dbias

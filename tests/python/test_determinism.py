@@ -5,7 +5,7 @@ thread-order dependent) reductions show up, so the row count is large."""
 import pytest
 import torch
 
-from helpers import dtype_name, generator, make_inputs, run_fused
+from helpers import generator, make_inputs, run_fused
 
 RUNS = 3
 

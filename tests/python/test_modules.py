@@ -106,6 +106,19 @@ def test_fused_state_dict_loads_into_torch_module(kind, torch_cls, fused_cls, se
         assert torch.equal(ref.state_dict()[n], p)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_name)
+def test_rms_norm_default_eps_matches_torch_module(dtype, device, seed):
+    """FusedRMSNorm(eps=None) behaves like nn.RMSNorm(eps=None) on small
+    activations (x ~ 1e-3, where the default eps matters).  torch uses
+    finfo(float32).eps for fp16/bf16/fp32 inputs."""
+    gen = generator(seed)
+    x = randn((16, 64), dtype=dtype, device=device, gen=gen, scale=1e-3)
+    ref = nn.RMSNorm(64, device=device, dtype=dtype)(x)
+    out = FusedRMSNorm(64, device=device, dtype=dtype)(x)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("fused_cls", [FusedLayerNorm, FusedRMSNorm])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=dtype_name)
 def test_device_and_dtype_kwargs(fused_cls, dtype, device):

@@ -126,3 +126,20 @@ def test_fused_wrappers_normalise_last_dim(device, seed):
     assert torch.equal(fused_layer_norm(inp.x, inp.weight, inp.bias, 1e-3), layer_norm(inp.x, 77, inp.weight, inp.bias, 1e-3))
     assert torch.equal(fused_rms_norm(inp.x, inp.weight, 1e-3), rms_norm(inp.x, [77], inp.weight, 1e-3))
     assert torch.equal(fused_rms_norm(inp.x), rms_norm(inp.x, (77,)))
+
+
+def test_package_imports_in_fresh_interpreter():
+    """``import fused_layernorm`` works on its own (without importing torch first)
+    and registers all six ops."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fused_layernorm.__file__)))
+    code = (
+        "import fused_layernorm, torch\n"
+        "for name in ('layer_norm_fwd', 'layer_norm_bwd', 'rms_norm_fwd', 'rms_norm_bwd', 'layer_norm', 'rms_norm'):\n"
+        "    getattr(torch.ops.fused_layernorm, name).default\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

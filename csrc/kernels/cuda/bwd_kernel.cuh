@@ -3,7 +3,8 @@
 // norm_bwd_kernel: rows held in registers like the forward (x and dy are
 // read once, dx written once).  The grid is persistent: each CTA (or cluster)
 // walks many rows and keeps its dweight / dbias partials for the columns it
-// owns in fp32 registers, then writes one partial row.  finalize_kernel adds
+// owns in fp32 shared memory (registers would cap the bytes in flight), then
+// writes one partial row.  finalize_kernel adds
 // the partial rows in a fixed order, so the weight gradients are bitwise
 // reproducible; no atomics anywhere.
 #pragma once
@@ -14,12 +15,16 @@
 namespace fln::cuda {
 
 template <typename T, typename W, int VEC, int NV>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(kMaxCtaThreads, 2)
 norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b) {
   using A = dacc_t<T>;
+  using A2 = acc2_t<A>;
   __shared__ ReduceSmem<A, 2> smem;
-  extern __shared__ __align__(16) unsigned char dyn_smem[];  // rows-per-CTA merge of the partials
-  const int tpr = lay.tpr, rpc = blockDim.x / tpr;
+  // (dweight, dbias) partials, [NV * VEC][CTA threads]: each thread owns its
+  // slots (no barrier until the merge) and a warp's accesses are consecutive.
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  A2* acc = reinterpret_cast<A2*>(dyn_smem);
+  const int tpr = lay.tpr, rpc = blockDim.x / tpr, cta = blockDim.x;
   const int row_in_cta = threadIdx.x / tpr, lane = threadIdx.x % tpr;
   const int crank = cluster_rank_or_zero(lay.csize);
   const int stride = tpr * lay.csize;
@@ -30,32 +35,31 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
   const T* __restrict__ dyg = static_cast<const T*>(p.dy);
   const W* __restrict__ wg = static_cast<const W*>(p.w);
   const A inv_n = A(1) / A(n);
+  const bool want_dw = part_w != nullptr || part_b != nullptr;
   RowReducer<A, 2> red{smem, tpr, lay.csize, row_in_cta};
 
-  A acc_w[NV][VEC], acc_b[NV][VEC];
+  if (want_dw)
 #pragma unroll
-  for (int i = 0; i < NV; ++i)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) acc_w[i][k] = acc_b[i][k] = 0;
+    for (int e = 0; e < NV * VEC; ++e) acc[e * cta + threadIdx.x] = A2{0, 0};
 
   for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
     const int64_t row = base + row_in_cta;
     const bool live = row < p.rows;
-    A x[NV][VEC], g[NV][VEC];  // x becomes xhat; g starts as dy
+    Vec<T, VEC> xr[NV], dyr[NV];  // the row, in the storage dtype
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
       if (live && c < n) {
-        load_vec(xg + row * p.x_stride + c, x[i]);
-        load_vec(dyg + row * p.dy_stride + c, g[i]);
+        xr[i] = load_raw<T, VEC>(xg + row * p.x_stride + c);
+        dyr[i] = load_raw<T, VEC>(dyg + row * p.dy_stride + c);
       } else {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) x[i][k] = g[i][k] = 0;
+        xr[i] = zero_vec<T, VEC>();
+        dyr[i] = zero_vec<T, VEC>();
       }
     }
     const A mean = (live && !p.rms) ? static_cast<const A*>(p.mean)[row] : A(0);
     const A rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
-    A s[2] = {0, 0};  // sum(g * xhat), sum(g)
+    A s[2] = {0, 0};  // sum(g * xhat), sum(g) with g = dy * w
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
@@ -66,12 +70,14 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
         for (int k = 0; k < VEC; ++k) w[k] = 1;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        x[i][k] = (x[i][k] - mean) * rstd;
-        acc_w[i][k] += g[i][k] * x[i][k];
-        acc_b[i][k] += g[i][k];
-        g[i][k] *= w[k];
-        s[0] += g[i][k] * x[i][k];
-        s[1] += g[i][k];
+        const A xh = (to_acc(xr[i].v[k]) - mean) * rstd, dy = to_acc(dyr[i].v[k]), g = dy * w[k];
+        if (want_dw) {
+          A2& a = acc[(i * VEC + k) * cta + threadIdx.x];
+          a.x += dy * xh;
+          a.y += dy;
+        }
+        s[0] += g * xh;
+        s[1] += g;
       }
     }
     if (p.dx == nullptr) continue;  // uniform: no reduction needed
@@ -82,45 +88,45 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
       if (c >= n) continue;
-      A dx[VEC];
+      A w[VEC], dx[VEC];
+      if (wg) load_vec(wg + c, w);  // second read of w: an L1 hit
+      else
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) dx[k] = rstd * (g[i][k] - c_g - x[i][k] * c_gx);
+        for (int k = 0; k < VEC; ++k) w[k] = 1;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A xh = (to_acc(xr[i].v[k]) - mean) * rstd;
+        dx[k] = rstd * (to_acc(dyr[i].v[k]) * w[k] - c_g - xh * c_gx);
+      }
       store_vec(static_cast<T*>(p.dx) + row * n + c, dx);
     }
   }
   red.finish();
-  if (part_w == nullptr && part_b == nullptr) return;
+  if (!want_dw) return;
 
   // Merge the rows of this CTA in row order, then write partial row `group`.
   if (rpc > 1) {
-    A* m = reinterpret_cast<A*>(dyn_smem);  // [rpc][tpr][NV*VEC][2]
-    A* mine = m + (size_t(row_in_cta) * tpr + lane) * NV * VEC * 2;
-#pragma unroll
-    for (int i = 0; i < NV; ++i)
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        mine[(i * VEC + k) * 2] = acc_w[i][k];
-        mine[(i * VEC + k) * 2 + 1] = acc_b[i][k];
-      }
     __syncthreads();
     if (row_in_cta != 0) return;
-    for (int r = 1; r < rpc; ++r) {
-      const A* other = m + (size_t(r) * tpr + lane) * NV * VEC * 2;
-#pragma unroll
-      for (int i = 0; i < NV; ++i)
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          acc_w[i][k] += other[(i * VEC + k) * 2];
-          acc_b[i][k] += other[(i * VEC + k) * 2 + 1];
-        }
-    }
   }
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int64_t c = int64_t(i * stride + t) * VEC;
     if (c >= n) continue;
-    if (part_w) store_vec(part_w + group * n + c, acc_w[i]);
-    if (part_b) store_vec(part_b + group * n + c, acc_b[i]);
+    A dw[VEC], db[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      A2 a = acc[(i * VEC + k) * cta + lane];
+      for (int r = 1; r < rpc; ++r) {
+        const A2 o = acc[(i * VEC + k) * cta + r * tpr + lane];
+        a.x += o.x;
+        a.y += o.y;
+      }
+      dw[k] = a.x;
+      db[k] = a.y;
+    }
+    if (part_w) store_vec(part_w + group * n + c, dw);
+    if (part_b) store_vec(part_b + group * n + c, db);
   }
 }
 

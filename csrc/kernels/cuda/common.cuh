@@ -12,6 +12,10 @@
 
 namespace fln::cuda {
 
+// Largest CTA of the register kernels (launch_plan.h keeps to it): small
+// enough that two CTAs share an SM, so one CTA's loads overlap another's reductions.
+constexpr int kMaxCtaThreads = 512;
+
 // Host storage type (fln::Half, ...) -> device type (__half, ...).
 template <typename T> struct DeviceType { using type = T; };
 template <> struct DeviceType<Half> { using type = __half; };
@@ -21,6 +25,12 @@ template <typename T> using device_t = typename DeviceType<T>::type;
 template <typename T> struct Acc { using type = float; };
 template <> struct Acc<double> { using type = double; };
 template <typename T> using dacc_t = typename Acc<T>::type;
+
+// Pairs of accumulators, (dweight, dbias), moved as one 8- or 16-byte access.
+template <typename A> struct Acc2;
+template <> struct Acc2<float> { using type = float2; };
+template <> struct Acc2<double> { using type = double2; };
+template <typename A> using acc2_t = typename Acc2<A>::type;
 
 __device__ __forceinline__ float to_acc(float v) { return v; }
 __device__ __forceinline__ double to_acc(double v) { return v; }
@@ -41,6 +51,19 @@ __device__ __forceinline__ double rsqrt_acc(double v) { return 1.0 / sqrt(v); }
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Vec { T v[VEC]; };
 
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_raw(const T* p) {
+  return *reinterpret_cast<const Vec<T, VEC>*>(p);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> zero_vec() {
+  Vec<T, VEC> v;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) v.v[k] = from_acc<T>(dacc_t<T>(0));
+  return v;
+}
+
 template <typename A, typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T* p, A (&out)[VEC]) {
   const Vec<T, VEC> v = *reinterpret_cast<const Vec<T, VEC>*>(p);
@@ -55,6 +78,16 @@ __device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
   for (int k = 0; k < VEC; ++k) v.v[k] = from_acc<T>(in[k]);
   *reinterpret_cast<Vec<T, VEC>*>(p) = v;
 }
+
+// 16-byte asynchronous copy global -> shared (sm_80+), completed with
+// cp_async_wait<N>() (at most N groups still in flight).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Shared state for RowReducer: two buffers used alternately, so one barrier
 // per reduction suffices (a buffer is rewritten only two reductions later,

@@ -1,7 +1,8 @@
 // Forward kernel, row held in registers.  `tpr` threads of a CTA (times
 // `csize` CTAs of a cluster for the largest rows) own one row; each thread
-// keeps NV vectors of VEC elements, so x is read from global memory exactly
-// once.  Mean, then variance over the registers (two passes over on-chip
+// keeps NV vectors of VEC elements in the storage dtype (half the registers
+// of fp32 for 16-bit types, so twice the bytes in flight), and x is read from
+// global memory exactly once.  Mean, then variance over the registers (two passes over on-chip
 // data), then y is written.  Rows are visited in a grid-stride loop whose
 // trip count is uniform across a CTA and its cluster, so every thread takes
 // part in every barrier.
@@ -12,37 +13,71 @@
 namespace fln::cuda {
 
 struct RowLayout {
-  int tpr;      // threads of one CTA on a row (power of two)
-  int csize;    // CTAs of a cluster on a row (1 without clusters)
+  int tpr;            // threads of one CTA on a row (power of two)
+  int csize;          // CTAs of a cluster on a row (1 without clusters)
+  bool prefetch = true;  // forward: cp.async prefetch of the next row (off only to measure it)
 };
 
+// With 16-byte accesses the next row is prefetched with cp.async into
+// per-thread shared-memory slots while this one is reduced and written, so
+// loads stay in flight across the reductions.  Each thread reads back only
+// what it copied itself: waiting on its own copies is enough, no barrier.
+template <typename T, int VEC>
+constexpr bool kPrefetch = sizeof(T) * VEC == 16;
+
+// Dynamic shared memory of the forward kernel: two stages of NV accesses per thread.
+template <typename T, int VEC, int NV>
+constexpr size_t fwd_smem_bytes(int cta_threads) {
+  return kPrefetch<T, VEC> ? size_t(2) * NV * cta_threads * sizeof(T) * VEC : 0;
+}
+
 template <typename T, typename W, int VEC, int NV>
-__global__ void __launch_bounds__(1024) norm_fwd_kernel(FwdParams p, RowLayout lay) {
+__global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p, RowLayout lay) {
   using A = dacc_t<T>;
+  using V = Vec<T, VEC>;
   __shared__ ReduceSmem<A, 1> smem;
-  const int tpr = lay.tpr, rpc = blockDim.x / tpr;  // rows per CTA
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  V* stage = reinterpret_cast<V*>(dyn_smem);  // [2][NV][CTA threads]
+  const int tpr = lay.tpr, rpc = blockDim.x / tpr, cta = blockDim.x;
   const int row_in_cta = threadIdx.x / tpr;
   const int crank = cluster_rank_or_zero(lay.csize);
   const int stride = tpr * lay.csize;  // threads per row
   const int t = crank * tpr + threadIdx.x % tpr;
   const int64_t group = blockIdx.x / lay.csize, ngroups = gridDim.x / lay.csize;
+  const int64_t step = ngroups * rpc;
   const int64_t n = p.cols;
   const T* __restrict__ xg = static_cast<const T*>(p.x);
   const W* __restrict__ wg = static_cast<const W*>(p.w);
   const W* __restrict__ bg = static_cast<const W*>(p.b);
   RowReducer<A, 1> red{smem, tpr, lay.csize, row_in_cta};
+  const bool pf = kPrefetch<T, VEC> && lay.prefetch;
 
-  for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
+  auto prefetch = [&](int64_t row, int st) {
+    if (row < p.rows)
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t c = int64_t(i * stride + t) * VEC;
+        if (c < n) cp_async16(&stage[(st * NV + i) * cta + threadIdx.x], xg + row * p.x_stride + c);
+      }
+    cp_async_commit();  // every thread commits every time: group counts stay uniform
+  };
+  if (pf) prefetch(group * rpc + row_in_cta, 0);
+
+  int st = 0;
+  for (int64_t base = group * rpc; base < p.rows; base += step, st ^= 1) {
     const int64_t row = base + row_in_cta;
     const bool live = row < p.rows;
-    A x[NV][VEC];
+    V x[NV];
+    if (pf) {
+      prefetch(row + step, st ^ 1);
+      cp_async_wait<1>();
+    }
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
-      if (live && c < n) load_vec(xg + row * p.x_stride + c, x[i]);
-      else
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) x[i][k] = 0;
+      if (!live || c >= n) x[i] = zero_vec<T, VEC>();
+      else if (pf) x[i] = stage[(st * NV + i) * cta + threadIdx.x];
+      else x[i] = load_raw<T, VEC>(xg + row * p.x_stride + c);
     }
     A mean = 0;
     if (!p.rms) {
@@ -50,7 +85,7 @@ __global__ void __launch_bounds__(1024) norm_fwd_kernel(FwdParams p, RowLayout l
 #pragma unroll
       for (int i = 0; i < NV; ++i)
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) s[0] += x[i][k];
+        for (int k = 0; k < VEC; ++k) s[0] += to_acc(x[i].v[k]);
       red.sum(s);
       mean = s[0] / A(n);
     }
@@ -60,7 +95,7 @@ __global__ void __launch_bounds__(1024) norm_fwd_kernel(FwdParams p, RowLayout l
       const bool in = int64_t(i * stride + t) * VEC < n;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A d = in ? x[i][k] - mean : A(0);
+        const A d = in ? to_acc(x[i].v[k]) - mean : A(0);
         q[0] += d * d;
       }
     }
@@ -85,10 +120,11 @@ __global__ void __launch_bounds__(1024) norm_fwd_kernel(FwdParams p, RowLayout l
 #pragma unroll
         for (int k = 0; k < VEC; ++k) b[k] = 0;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) y[k] = (x[i][k] - mean) * rstd * w[k] + b[k];
+      for (int k = 0; k < VEC; ++k) y[k] = (to_acc(x[i].v[k]) - mean) * rstd * w[k] + b[k];
       store_vec(static_cast<T*>(p.y) + row * n + c, y);
     }
   }
+  if (pf) cp_async_wait<0>();  // nothing in flight at exit
   red.finish();
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -15,6 +16,8 @@
 #include "norm_cuda.h"
 
 namespace fln::cuda {
+
+static_assert(kMaxCta == kMaxCtaThreads, "launch_plan.h and the kernels' launch bounds must agree");
 
 inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -41,6 +44,10 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
+  if (smem > 48 * 1024) {  // above the default dynamic shared memory limit
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+  }
   cudaLaunchAttribute attr[1];
   if (csize > 1) {
     if (csize > 8) {  // 16-CTA clusters are "non-portable" and must be enabled per kernel
@@ -71,6 +78,7 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
     if (it != cache.end()) return it->second;
   }
   int groups = 0;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (csize == 1) {
     int per_sm = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cta_threads, smem) != cudaSuccess) per_sm = 0;
@@ -98,22 +106,39 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
 
 // Instantiation chooser: the kernel holding NV accesses of VEC for the
 // smallest power of two NV >= nv that the register budget allows.
+// The forward kernel and its dynamic shared memory for a CTA of cta_threads.
+template <typename DT>
+struct FwdKernel {
+  void (*fn)(FwdParams, RowLayout);
+  size_t smem;
+};
+
 template <typename DT, typename DW, int VEC, int NV = 1>
-auto pick_fwd(int nv) -> void (*)(FwdParams, RowLayout) {
-  if constexpr (NV * VEC >= max_elems_per_thread(false, sizeof(dacc_t<DT>))) {
-    return &norm_fwd_kernel<DT, DW, VEC, NV>;
+FwdKernel<DT> pick_fwd(int nv, int cta_threads) {
+  if constexpr (NV >= max_accesses(false, VEC, sizeof(DT))) {
+    return {&norm_fwd_kernel<DT, DW, VEC, NV>, fwd_smem_bytes<DT, VEC, NV>(cta_threads)};
   } else {
-    return nv <= NV ? &norm_fwd_kernel<DT, DW, VEC, NV> : pick_fwd<DT, DW, VEC, NV * 2>(nv);
+    if (nv <= NV) return {&norm_fwd_kernel<DT, DW, VEC, NV>, fwd_smem_bytes<DT, VEC, NV>(cta_threads)};
+    return pick_fwd<DT, DW, VEC, NV * 2>(nv, cta_threads);
   }
 }
 
 template <typename DT, typename DW, int VEC, int NV = 1>
 auto pick_bwd(int nv) -> void (*)(BwdParams, RowLayout, dacc_t<DT>*, dacc_t<DT>*) {
-  if constexpr (NV * VEC >= max_elems_per_thread(true, sizeof(dacc_t<DT>))) {
+  if constexpr (NV >= max_accesses(true, VEC, sizeof(DT))) {
     return &norm_bwd_kernel<DT, DW, VEC, NV>;
   } else {
     return nv <= NV ? &norm_bwd_kernel<DT, DW, VEC, NV> : pick_bwd<DT, DW, VEC, NV * 2>(nv);
   }
+}
+
+// FLN_FWD_PREFETCH=0 turns the forward prefetch off, to measure what it buys.
+inline bool fwd_prefetch_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLN_FWD_PREFETCH");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
 }
 
 template <typename T, typename W>
@@ -130,10 +155,14 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   if (p.rows == 0) return cudaSuccess;
   Plan pl = fwd_plan<T, W>(p, dev);
   if (pl.registers) {
-    auto kernel = pl.vec > 1 ? pick_fwd<DT, DW, 16 / sizeof(DT)>(pl.nv) : pick_fwd<DT, DW, 1>(pl.nv);
-    if (pl.csize == 1 || resident_groups(kernel, dev, pl.cta_threads, pl.csize, 0) > 0) {
-      const int64_t grid = (pl.groups < INT32_MAX / pl.csize ? pl.groups : INT32_MAX / pl.csize) * pl.csize;
-      return launch(kernel, dim3(unsigned(grid)), dim3(pl.cta_threads), 0, pl.csize, stream, p, RowLayout{pl.tpr, pl.csize});
+    const FwdKernel<DT> k = pl.vec > 1 ? pick_fwd<DT, DW, 16 / sizeof(DT)>(pl.nv, pl.cta_threads)
+                                       : pick_fwd<DT, DW, 1>(pl.nv, pl.cta_threads);
+    // Persistent grid: as many row groups as fit on the device at once.
+    const int resident = resident_groups(k.fn, dev, pl.cta_threads, pl.csize, k.smem);
+    if (resident > 0) {
+      const int64_t groups = pl.groups < resident ? pl.groups : resident;
+      return launch(k.fn, dim3(unsigned(groups * pl.csize)), dim3(pl.cta_threads), k.smem, pl.csize, stream, p,
+                    RowLayout{pl.tpr, pl.csize, fwd_prefetch_enabled()});
     }
   }
   const int64_t grid = p.rows < int64_t(dev.sm_count) * 4 ? p.rows : int64_t(dev.sm_count) * 4;
@@ -160,7 +189,7 @@ BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
   const Plan& pl = s.plan;
   if (pl.registers) {
     auto kernel = pl.vec > 1 ? pick_bwd<DT, DW, 16 / sizeof(DT)>(pl.nv) : pick_bwd<DT, DW, 1>(pl.nv);
-    s.dyn_smem = pl.rows_per_cta > 1 ? size_t(pl.cta_threads) * pl.nv * pl.vec * 2 * sizeof(A) : 0;
+    s.dyn_smem = (p.dw || p.db) ? size_t(bwd_partials_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(A))) : 0;
     const int resident = resident_groups(kernel, dev, pl.cta_threads, pl.csize, s.dyn_smem);
     if (resident > 0) {
       s.registers = true;

@@ -22,9 +22,25 @@ struct Plan {
   int64_t groups = 0;     // row groups (CTAs, or clusters) in the grid, before any persistence cap
 };
 
-// Elements a thread may hold in registers: forward keeps x; backward keeps x,
-// dy and the dweight/dbias partials, so it gets half.  Counted in 4-byte registers.
-constexpr int max_elems_per_thread(bool bwd, int acc_bytes) { return (bwd ? 8 : 16) * 4 / acc_bytes; }
+// Accesses of `vec` elements a thread may hold per row.  Forward: 64 bytes of
+// x in the storage dtype (16 registers: four 16-byte loads in flight).
+// Backward: 32 bytes each of x and dy.  The scalar path (vec 1) keeps at most
+// 16 (forward) or 8 (backward) elements: each takes a whole register.
+constexpr int max_accesses(bool bwd, int vec, int elem_bytes) {
+  const int n = (bwd ? 32 : 64) / (vec * elem_bytes);
+  const int cap = vec == 1 ? (bwd ? 8 : 16) : n;
+  return n < 1 ? 1 : n < cap ? n : cap;
+}
+
+// Shared memory of the backward register kernel: a (dweight, dbias) pair of
+// accumulators per element a thread holds.
+constexpr int64_t bwd_partials_smem(int cta_threads, int nv, int vec, int acc_bytes) {
+  return int64_t(cta_threads) * nv * vec * 2 * acc_bytes;
+}
+
+// Threads per CTA at most (kMaxCtaThreads in common.cuh): two CTAs share an
+// SM, so one's loads overlap the other's reductions.
+constexpr int kMaxCta = 512;
 
 inline int next_pow2(int64_t v) {
   int p = 1;
@@ -38,15 +54,14 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
                       const DeviceInfo& dev) {
   Plan p;
   p.vec = vec_ok ? 16 / elem_bytes : 1;
-  const int emax = max_elems_per_thread(bwd, acc_bytes);
-  const int nv_max = emax / p.vec > 0 ? emax / p.vec : 1;
+  const int nv_max = max_accesses(bwd, p.vec, elem_bytes);
   const int64_t nvec = (cols + p.vec - 1) / p.vec;
   // Give each thread nv_max accesses (several 16-byte loads in flight) and
-  // use as many threads as that takes; past 1024 threads, split the row over a
-  // thread-block cluster (sm_90+, at most 16 CTAs), else fall back.
+  // use as many threads as that takes; past kMaxCta threads, split the row
+  // over a thread-block cluster (sm_90+, at most 16 CTAs), else fall back.
   const int64_t threads = (nvec + nv_max - 1) / nv_max;
-  if (threads > 1024) {
-    const int64_t cs = (threads + 1023) / 1024;
+  if (threads > kMaxCta) {
+    const int64_t cs = (threads + kMaxCta - 1) / kMaxCta;
     if (dev.cc_major < 9 || cs > 16) {
       p.registers = false;
       p.cta_threads = 512;
@@ -54,7 +69,7 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
       return p;
     }
     p.csize = next_pow2(cs);
-    p.tpr = 1024;
+    p.tpr = kMaxCta;
   } else {
     p.tpr = next_pow2(threads);
   }
