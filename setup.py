@@ -31,7 +31,9 @@ def extension():
     rel = lambda pattern: sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
     sources = ["csrc/registration.cpp", "csrc/torch/checks.cpp", "csrc/torch/norm_ops.cpp",
                "csrc/torch/cpu_backend.cpp", "csrc/torch/meta_ops.cpp", "csrc/torch/autograd.cpp"]
-    cxx = ["-O3", "-fvisibility=hidden"]
+    # No -fvisibility=hidden: it duplicates libstdc++ template statics (the locale
+    # facet ids behind operator<<) and crashed error formatting with g++ 13.
+    cxx = ["-O3"]
     if not with_cuda():
         return cpp_extension.CppExtension("fused_layernorm._C", sources, extra_compile_args={"cxx": cxx})
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")

@@ -33,7 +33,10 @@ void cuda_fwd(const FwdParams& p, at::ScalarType xt, at::ScalarType wt, const Te
   dispatch_norm_types(xt, wt, [&](auto t, auto w) {
     using T = typename decltype(t)::type;
     using W = typename decltype(w)::type;
-    check(fln::cuda::norm_fwd<T, W>(p, dev, stream), "forward kernel launch");
+    const size_t bytes = fln::cuda::norm_fwd_workspace_bytes<T, W>(p, dev);
+    Tensor ws = bytes ? at::empty({int64_t(bytes)}, like.options().dtype(at::kByte)) : Tensor();
+    check(fln::cuda::norm_fwd<T, W>(p, bytes ? ws.mutable_data_ptr() : nullptr, dev, stream),
+          "forward kernel launch");
   });
 }
 

@@ -27,12 +27,14 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
   EXPECT_LE(p.nv, max_accesses(bwd, p.vec, elem));                    // register budget
   if (bwd) EXPECT_LE(bwd_partials_smem(p.cta_threads, p.nv, p.vec, acc), 64 * 1024);  // 3 CTAs per SM
   EXPECT_LE(p.nv * p.vec * elem, bwd ? 32 : 64);                       // bytes of row per thread
-  EXPECT_EQ(p.tpr & (p.tpr - 1), 0);                                   // power of two
+  if (p.tpr <= 32) EXPECT_EQ(p.tpr & (p.tpr - 1), 0);                 // lanes of a warp: power of two
+  else EXPECT_EQ(p.tpr % 32, 0);                                       // else whole warps
   EXPECT_LE(p.tpr, kMaxCta);
   EXPECT_LE(p.csize, 16);
   if (p.csize > 1) {
     EXPECT_GE(cc, 9);
     EXPECT_EQ(p.tpr, p.cta_threads);  // one row per CTA in a cluster
+    EXPECT_EQ(p.csize & (p.csize - 1), 0);
   }
   EXPECT_EQ(p.cta_threads % p.tpr, 0);
   EXPECT_EQ(p.rows_per_cta, p.cta_threads / p.tpr);

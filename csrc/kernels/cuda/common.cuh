@@ -79,16 +79,6 @@ __device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
   *reinterpret_cast<Vec<T, VEC>*>(p) = v;
 }
 
-// 16-byte asynchronous copy global -> shared (sm_80+), completed with
-// cp_async_wait<N>() (at most N groups still in flight).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 // Shared state for RowReducer: two buffers used alternately, so one barrier
 // per reduction suffices (a buffer is rewritten only two reductions later,
 // after every thread has passed the barrier of the reduction in between).
@@ -98,7 +88,8 @@ struct ReduceSmem {
   A cta[2][K];        // per-CTA partials read by the other CTAs of a cluster
 };
 
-// Sums K values over the threads of one row: `tpr` (a power of two) threads
+// Sums K values over the threads of one row: `tpr` threads (a power of two
+// up to 32, else whole warps)
 // of this CTA, times `csize` CTAs of a thread-block cluster.  Every step adds
 // in a fixed order, so the result is identical in every thread and every run.
 template <typename A, int K>

@@ -13,71 +13,35 @@
 namespace fln::cuda {
 
 struct RowLayout {
-  int tpr;            // threads of one CTA on a row (power of two)
-  int csize;          // CTAs of a cluster on a row (1 without clusters)
-  bool prefetch = true;  // forward: cp.async prefetch of the next row (off only to measure it)
+  int tpr;    // threads of one CTA on a row (power of two)
+  int csize;  // CTAs of a cluster on a row (1 without clusters)
 };
-
-// With 16-byte accesses the next row is prefetched with cp.async into
-// per-thread shared-memory slots while this one is reduced and written, so
-// loads stay in flight across the reductions.  Each thread reads back only
-// what it copied itself: waiting on its own copies is enough, no barrier.
-template <typename T, int VEC>
-constexpr bool kPrefetch = sizeof(T) * VEC == 16;
-
-// Dynamic shared memory of the forward kernel: two stages of NV accesses per thread.
-template <typename T, int VEC, int NV>
-constexpr size_t fwd_smem_bytes(int cta_threads) {
-  return kPrefetch<T, VEC> ? size_t(2) * NV * cta_threads * sizeof(T) * VEC : 0;
-}
 
 template <typename T, typename W, int VEC, int NV>
 __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p, RowLayout lay) {
   using A = dacc_t<T>;
-  using V = Vec<T, VEC>;
   __shared__ ReduceSmem<A, 1> smem;
-  extern __shared__ __align__(16) unsigned char dyn_smem[];
-  V* stage = reinterpret_cast<V*>(dyn_smem);  // [2][NV][CTA threads]
-  const int tpr = lay.tpr, rpc = blockDim.x / tpr, cta = blockDim.x;
+  const int tpr = lay.tpr, rpc = blockDim.x / tpr;  // rows per CTA
   const int row_in_cta = threadIdx.x / tpr;
   const int crank = cluster_rank_or_zero(lay.csize);
   const int stride = tpr * lay.csize;  // threads per row
   const int t = crank * tpr + threadIdx.x % tpr;
   const int64_t group = blockIdx.x / lay.csize, ngroups = gridDim.x / lay.csize;
-  const int64_t step = ngroups * rpc;
   const int64_t n = p.cols;
   const T* __restrict__ xg = static_cast<const T*>(p.x);
   const W* __restrict__ wg = static_cast<const W*>(p.w);
   const W* __restrict__ bg = static_cast<const W*>(p.b);
   RowReducer<A, 1> red{smem, tpr, lay.csize, row_in_cta};
-  const bool pf = kPrefetch<T, VEC> && lay.prefetch;
 
-  auto prefetch = [&](int64_t row, int st) {
-    if (row < p.rows)
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int64_t c = int64_t(i * stride + t) * VEC;
-        if (c < n) cp_async16(&stage[(st * NV + i) * cta + threadIdx.x], xg + row * p.x_stride + c);
-      }
-    cp_async_commit();  // every thread commits every time: group counts stay uniform
-  };
-  if (pf) prefetch(group * rpc + row_in_cta, 0);
-
-  int st = 0;
-  for (int64_t base = group * rpc; base < p.rows; base += step, st ^= 1) {
+  for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
     const int64_t row = base + row_in_cta;
     const bool live = row < p.rows;
-    V x[NV];
-    if (pf) {
-      prefetch(row + step, st ^ 1);
-      cp_async_wait<1>();
-    }
+    Vec<T, VEC> x[NV];
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
-      if (!live || c >= n) x[i] = zero_vec<T, VEC>();
-      else if (pf) x[i] = stage[(st * NV + i) * cta + threadIdx.x];
-      else x[i] = load_raw<T, VEC>(xg + row * p.x_stride + c);
+      if (live && c < n) x[i] = load_raw<T, VEC>(xg + row * p.x_stride + c);
+      else x[i] = zero_vec<T, VEC>();
     }
     A mean = 0;
     if (!p.rms) {
@@ -124,7 +88,6 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
       store_vec(static_cast<T*>(p.y) + row * n + c, y);
     }
   }
-  if (pf) cp_async_wait<0>();  // nothing in flight at exit
   red.finish();
 }
 

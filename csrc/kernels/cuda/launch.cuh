@@ -4,14 +4,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
 
 #include "bwd_kernel.cuh"
-#include "fallback_kernels.cuh"
+#include "bwd_split_kernels.cuh"
 #include "fwd_kernel.cuh"
+#include "fwd_split_kernels.cuh"
 #include "launch_plan.h"
 #include "norm_cuda.h"
 
@@ -106,20 +106,12 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
 
 // Instantiation chooser: the kernel holding NV accesses of VEC for the
 // smallest power of two NV >= nv that the register budget allows.
-// The forward kernel and its dynamic shared memory for a CTA of cta_threads.
-template <typename DT>
-struct FwdKernel {
-  void (*fn)(FwdParams, RowLayout);
-  size_t smem;
-};
-
 template <typename DT, typename DW, int VEC, int NV = 1>
-FwdKernel<DT> pick_fwd(int nv, int cta_threads) {
+auto pick_fwd(int nv) -> void (*)(FwdParams, RowLayout) {
   if constexpr (NV >= max_accesses(false, VEC, sizeof(DT))) {
-    return {&norm_fwd_kernel<DT, DW, VEC, NV>, fwd_smem_bytes<DT, VEC, NV>(cta_threads)};
+    return &norm_fwd_kernel<DT, DW, VEC, NV>;
   } else {
-    if (nv <= NV) return {&norm_fwd_kernel<DT, DW, VEC, NV>, fwd_smem_bytes<DT, VEC, NV>(cta_threads)};
-    return pick_fwd<DT, DW, VEC, NV * 2>(nv, cta_threads);
+    return nv <= NV ? &norm_fwd_kernel<DT, DW, VEC, NV> : pick_fwd<DT, DW, VEC, NV * 2>(nv);
   }
 }
 
@@ -132,15 +124,6 @@ auto pick_bwd(int nv) -> void (*)(BwdParams, RowLayout, dacc_t<DT>*, dacc_t<DT>*
   }
 }
 
-// FLN_FWD_PREFETCH=0 turns the forward prefetch off, to measure what it buys.
-inline bool fwd_prefetch_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("FLN_FWD_PREFETCH");
-    return v == nullptr || v[0] != '0';
-  }();
-  return on;
-}
-
 template <typename T, typename W>
 Plan fwd_plan(const FwdParams& p, const DeviceInfo& dev) {
   using DT = device_t<T>;
@@ -148,35 +131,81 @@ Plan fwd_plan(const FwdParams& p, const DeviceInfo& dev) {
   return make_plan(p.rows, p.cols, sizeof(DT), sizeof(dacc_t<DT>), fwd_vec_ok<DT, DW>(p), false, dev);
 }
 
+// Split path shape: chunks of kSplitThreads accesses; rows of the grid.
+struct SplitShape {
+  int vec;
+  int64_t nchunks, grid_rows;
+};
+
+inline SplitShape split_shape(int64_t rows, int64_t cols, int vec) {
+  SplitShape s;
+  s.vec = vec;
+  s.nchunks = ((cols + vec - 1) / vec + kSplitThreads - 1) / kSplitThreads;
+  s.grid_rows = rows < 65535 ? rows : 65535;
+  return s;
+}
+
+// Which rows take the register kernels (the rest take the split paths), from
+// H200 measurements (docs/performance.md): the forward keeps clusters of up
+// to 16 CTAs (bf16 65536: 48% of copy bandwidth, split 34%); the backward
+// keeps at most 2 (bf16 131072: 16-CTA clusters 29%, split 43%).
+inline bool use_register_kernel(const Plan& pl, bool bwd) { return pl.registers && (!bwd || pl.csize <= 2); }
+
 template <typename T, typename W>
-cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+size_t norm_fwd_workspace_bytes(const FwdParams& p, const DeviceInfo& dev) {
+  using A = dacc_t<device_t<T>>;
+  const Plan pl = fwd_plan<T, W>(p, dev);
+  // A cluster plan may find no room on the device and split instead.
+  if (p.rows == 0 || (pl.registers && pl.csize == 1)) return 0;
+  return size_t(p.rows) * split_shape(p.rows, p.cols, pl.vec).nchunks * sizeof(acc2_t<A>);
+}
+
+template <typename T, typename W>
+cudaError_t norm_fwd(const FwdParams& p, void* workspace, const DeviceInfo& dev, cudaStream_t stream) {
   using DT = device_t<T>;
   using DW = device_t<W>;
+  using A = dacc_t<DT>;
   if (p.rows == 0) return cudaSuccess;
-  Plan pl = fwd_plan<T, W>(p, dev);
-  if (pl.registers) {
-    const FwdKernel<DT> k = pl.vec > 1 ? pick_fwd<DT, DW, 16 / sizeof(DT)>(pl.nv, pl.cta_threads)
-                                       : pick_fwd<DT, DW, 1>(pl.nv, pl.cta_threads);
-    // Persistent grid: as many row groups as fit on the device at once.
-    const int resident = resident_groups(k.fn, dev, pl.cta_threads, pl.csize, k.smem);
+  const Plan pl = fwd_plan<T, W>(p, dev);
+  if (use_register_kernel(pl, false)) {
+    auto kernel = pl.vec > 1 ? pick_fwd<DT, DW, 16 / sizeof(DT)>(pl.nv) : pick_fwd<DT, DW, 1>(pl.nv);
+    // One CTA (or cluster) per row group; a persistent grid of plain CTAs
+    // lost 4-10% on H200, while persistent clusters gained (43% -> 49%).
+    int64_t groups = pl.groups < INT32_MAX / pl.csize ? pl.groups : INT32_MAX / pl.csize;
+    const int resident = pl.csize > 1 ? resident_groups(kernel, dev, pl.cta_threads, pl.csize, 0) : 1;
     if (resident > 0) {
-      const int64_t groups = pl.groups < resident ? pl.groups : resident;
-      return launch(k.fn, dim3(unsigned(groups * pl.csize)), dim3(pl.cta_threads), k.smem, pl.csize, stream, p,
-                    RowLayout{pl.tpr, pl.csize, fwd_prefetch_enabled()});
+      if (pl.csize > 1 && resident < groups) groups = resident;
+      return launch(kernel, dim3(unsigned(groups * pl.csize)), dim3(pl.cta_threads), 0, pl.csize, stream, p,
+                    RowLayout{pl.tpr, pl.csize});
     }
   }
-  const int64_t grid = p.rows < int64_t(dev.sm_count) * 4 ? p.rows : int64_t(dev.sm_count) * 4;
-  return launch(&norm_fwd_looped_kernel<DT, DW>, dim3(unsigned(grid)), dim3(512), 0, 1, stream, p);
+  // The split path needs the workspace norm_fwd_workspace_bytes sized for it.
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  const SplitShape s = split_shape(p.rows, p.cols, pl.vec);
+  constexpr int V = 16 / sizeof(DT);
+  auto* part = static_cast<acc2_t<A>*>(workspace);
+  const dim3 grid(unsigned(s.nchunks), unsigned(s.grid_rows)), block(kSplitThreads);
+  cudaError_t e = s.vec > 1 ? launch(&fwd_split_stats_kernel<DT, V>, grid, block, 0, 1, stream, p, s.nchunks, part)
+                            : launch(&fwd_split_stats_kernel<DT, 1>, grid, block, 0, 1, stream, p, s.nchunks, part);
+  if (e == cudaSuccess)
+    e = launch(&fwd_split_rowstat_kernel<A>, dim3(unsigned((p.rows + 255) / 256)), dim3(256), 0, 1, stream, p,
+               (const acc2_t<A>*)part, s.nchunks, int64_t(kSplitThreads) * s.vec);
+  if (e == cudaSuccess)
+    e = s.vec > 1 ? launch(&fwd_split_apply_kernel<DT, DW, V>, grid, block, 0, 1, stream, p)
+                  : launch(&fwd_split_apply_kernel<DT, DW, 1>, grid, block, 0, 1, stream, p);
+  return e;
 }
 
 // Backward launch shape, shared by the workspace query and the launch.
 struct BwdShape {
   Plan plan;
-  bool registers;
-  int64_t grid;        // CTAs
-  int64_t nparts;      // partial rows
-  int64_t chunk_rows;  // fallback: rows per partial row
-  size_t dyn_smem;
+  bool registers;      // register kernel; else the split-row kernels
+  int64_t grid;        // register kernel: CTAs
+  int64_t nparts;      // dweight/dbias partial rows
+  size_t dyn_smem;     // register kernel
+  int vec;             // split: elements per access
+  int64_t nchunks;     // split: column chunks per row
+  int64_t sum_rows;    // split: grid rows of the sums kernel
 };
 
 template <typename T, typename W>
@@ -187,7 +216,7 @@ BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
   BwdShape s{};
   s.plan = make_plan(p.rows, p.cols, sizeof(DT), sizeof(A), bwd_vec_ok<DT, DW>(p), true, dev);
   const Plan& pl = s.plan;
-  if (pl.registers) {
+  if (use_register_kernel(pl, true)) {
     auto kernel = pl.vec > 1 ? pick_bwd<DT, DW, 16 / sizeof(DT)>(pl.nv) : pick_bwd<DT, DW, 1>(pl.nv);
     s.dyn_smem = (p.dw || p.db) ? size_t(bwd_partials_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(A))) : 0;
     const int resident = resident_groups(kernel, dev, pl.cta_threads, pl.csize, s.dyn_smem);
@@ -199,17 +228,51 @@ BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
     }
   }
   s.registers = false;
-  s.chunk_rows = p.rows / 256 > 32 ? (p.rows + 255) / 256 : 32;
-  s.nparts = (p.rows + s.chunk_rows - 1) / s.chunk_rows;
-  s.grid = p.rows < int64_t(dev.sm_count) * 4 ? p.rows : int64_t(dev.sm_count) * 4;
+  const SplitShape sp = split_shape(p.rows, p.cols, pl.vec);
+  s.vec = sp.vec;
+  s.nchunks = sp.nchunks;
+  s.sum_rows = sp.grid_rows;
+  // About eight 256-thread CTAs per SM in the dx pass; each grid row is one partial row.
+  const int64_t want = (int64_t(dev.sm_count) * 8 + s.nchunks - 1) / s.nchunks;
+  s.nparts = want < s.sum_rows ? want : s.sum_rows;
+  if (s.nparts < 1) s.nparts = 1;
   return s;
+}
+
+// Workspace layout: [dweight partials][dbias partials] then, for the split
+// path with dx, [chunk sums: rows x nchunks][row sums: rows] as (A, A) pairs.
+template <typename A>
+struct BwdWorkspace {
+  A* part_w;
+  A* part_b;
+  acc2_t<A>* chunk_sums;
+  acc2_t<A>* row_sums;
+};
+
+template <typename A>
+size_t bwd_workspace_layout(const BwdParams& p, const BwdShape& s, void* base, BwdWorkspace<A>* ws) {
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    void* ptr = base ? static_cast<char*>(base) + off : nullptr;
+    off += (bytes + 255) / 256 * 256;
+    return ptr;
+  };
+  const size_t part_bytes = size_t(s.nparts) * size_t(p.cols) * sizeof(A);
+  BwdWorkspace<A> w{};
+  if (p.dw) w.part_w = static_cast<A*>(take(part_bytes));
+  if (p.db) w.part_b = static_cast<A*>(take(part_bytes));
+  if (!s.registers && p.dx) {
+    w.chunk_sums = static_cast<acc2_t<A>*>(take(size_t(p.rows) * s.nchunks * sizeof(acc2_t<A>)));
+    w.row_sums = static_cast<acc2_t<A>*>(take(size_t(p.rows) * sizeof(acc2_t<A>)));
+  }
+  if (ws) *ws = w;
+  return off;
 }
 
 template <typename T, typename W>
 size_t norm_bwd_workspace_bytes(const BwdParams& p, const DeviceInfo& dev) {
-  const int outs = (p.dw ? 1 : 0) + (p.db ? 1 : 0);
-  if (outs == 0 || p.rows == 0) return 0;
-  return size_t(bwd_shape<T, W>(p, dev).nparts) * size_t(p.cols) * sizeof(dacc_t<device_t<T>>) * outs;
+  if (p.rows == 0) return 0;
+  return bwd_workspace_layout<dacc_t<device_t<T>>>(p, bwd_shape<T, W>(p, dev), nullptr, nullptr);
 }
 
 template <typename T, typename W>
@@ -226,22 +289,33 @@ cudaError_t norm_bwd(const BwdParams& p, void* workspace, const DeviceInfo& dev,
     return e;
   }
   const BwdShape s = bwd_shape<T, W>(p, dev);
-  A* part_w = p.dw ? static_cast<A*>(workspace) : nullptr;
-  A* part_b = p.db ? static_cast<A*>(workspace) + (p.dw ? s.nparts * p.cols : 0) : nullptr;
-  cudaError_t e;
+  BwdWorkspace<A> ws;
+  bwd_workspace_layout<A>(p, s, workspace, &ws);
+  cudaError_t e = cudaSuccess;
   if (s.registers) {
     const Plan& pl = s.plan;
     auto kernel = pl.vec > 1 ? pick_bwd<DT, DW, 16 / sizeof(DT)>(pl.nv) : pick_bwd<DT, DW, 1>(pl.nv);
-    e = launch(kernel, dim3(unsigned(s.grid)), dim3(pl.cta_threads), s.dyn_smem, pl.csize, stream, p, RowLayout{pl.tpr, pl.csize},
-               part_w, part_b);
+    e = launch(kernel, dim3(unsigned(s.grid)), dim3(pl.cta_threads), s.dyn_smem, pl.csize, stream, p,
+               RowLayout{pl.tpr, pl.csize}, ws.part_w, ws.part_b);
   } else {
-    e = cudaSuccess;
-    if (p.dx) e = launch(&norm_bwd_dx_looped_kernel<DT, DW>, dim3(unsigned(s.grid)), dim3(512), 0, 1, stream, p);
-    if (e == cudaSuccess && (part_w || part_b))
-      e = launch(&norm_bwd_dw_columns_kernel<DT>, dim3(unsigned((p.cols + 31) / 32), unsigned(s.nparts)), dim3(32, 32), 0, 1, stream, p, s.chunk_rows, part_w, part_b);
+    const bool vec = s.vec > 1;
+    constexpr int V = 16 / sizeof(DT);
+    const dim3 block(kSplitThreads);
+    if (p.dx) {
+      const dim3 g1(unsigned(s.nchunks), unsigned(s.sum_rows));
+      e = vec ? launch(&bwd_split_sums_kernel<DT, DW, V>, g1, block, 0, 1, stream, p, s.nchunks, ws.chunk_sums)
+              : launch(&bwd_split_sums_kernel<DT, DW, 1>, g1, block, 0, 1, stream, p, s.nchunks, ws.chunk_sums);
+      if (e == cudaSuccess)
+        e = launch(&bwd_split_rowsum_kernel<A>, dim3(unsigned((p.rows + 255) / 256)), dim3(256), 0, 1, stream,
+                   (const acc2_t<A>*)ws.chunk_sums, p.rows, s.nchunks, ws.row_sums);
+    }
+    const dim3 g3(unsigned(s.nchunks), unsigned(s.nparts));
+    if (e == cudaSuccess)
+      e = vec ? launch(&bwd_split_dx_kernel<DT, DW, V>, g3, block, 0, 1, stream, p, (const acc2_t<A>*)ws.row_sums, ws.part_w, ws.part_b)
+              : launch(&bwd_split_dx_kernel<DT, DW, 1>, g3, block, 0, 1, stream, p, (const acc2_t<A>*)ws.row_sums, ws.part_w, ws.part_b);
   }
-  if (e == cudaSuccess && p.dw) e = launch(&finalize_kernel<DW, A>, fin_grid, fin_block, 0, 1, stream, (const A*)part_w, s.nparts, p.cols, static_cast<DW*>(p.dw));
-  if (e == cudaSuccess && p.db) e = launch(&finalize_kernel<DW, A>, fin_grid, fin_block, 0, 1, stream, (const A*)part_b, s.nparts, p.cols, static_cast<DW*>(p.db));
+  if (e == cudaSuccess && p.dw) e = launch(&finalize_kernel<DW, A>, fin_grid, fin_block, 0, 1, stream, (const A*)ws.part_w, s.nparts, p.cols, static_cast<DW*>(p.dw));
+  if (e == cudaSuccess && p.db) e = launch(&finalize_kernel<DW, A>, fin_grid, fin_block, 0, 1, stream, (const A*)ws.part_b, s.nparts, p.cols, static_cast<DW*>(p.db));
   return e;
 }
 

@@ -12,8 +12,12 @@
 
 namespace fln::cuda {
 
+// Scratch bytes norm_fwd needs (0 unless the row is split across CTAs).
 template <typename T, typename W>
-cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream);
+size_t norm_fwd_workspace_bytes(const FwdParams& p, const DeviceInfo& dev);
+
+template <typename T, typename W>
+cudaError_t norm_fwd(const FwdParams& p, void* workspace, const DeviceInfo& dev, cudaStream_t stream);
 
 // Scratch bytes norm_bwd needs for its dweight/dbias partials (0 if none).
 template <typename T, typename W>

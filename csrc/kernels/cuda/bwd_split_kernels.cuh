@@ -1,0 +1,103 @@
+// Split-row backward, for rows longer than two CTAs hold (or longer than one
+// CTA before sm_90).  Each row is cut into column chunks of one CTA each:
+//   1. bwd_split_sums_kernel: per (row, chunk), sum(g * xhat) and sum(g);
+//   2. bwd_split_rowsum_kernel: per row, the chunk sums in chunk order;
+//   3. bwd_split_dx_kernel: dx per (row, chunk), and per CTA the dweight /
+//      dbias partials of its chunk over its rows (one partial row per grid row).
+// x and dy are read twice (5 units of traffic instead of 3), but every SM has
+// work at any row length, which beats 8- and 16-CTA clusters (docs/performance.md).
+// Every sum has a fixed order: results are bitwise reproducible.
+#pragma once
+#include "common.cuh"
+#include "../params.h"
+
+namespace fln::cuda {
+
+constexpr int kSplitThreads = 256;
+
+template <typename T, typename W, int VEC>
+__device__ __forceinline__ void load_weight_chunk(const BwdParams& p, int64_t c, dacc_t<T> (&w)[VEC]) {
+  if (p.w != nullptr && c < p.cols) load_vec(static_cast<const W*>(p.w) + c, w);
+  else
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) w[k] = 1;
+}
+
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(kSplitThreads)
+bwd_split_sums_kernel(BwdParams p, int64_t nchunks, acc2_t<dacc_t<T>>* part) {
+  using A = dacc_t<T>;
+  __shared__ ReduceSmem<A, 2> smem;
+  RowReducer<A, 2> red{smem, int(blockDim.x), 1, 0};
+  const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
+  A w[VEC];
+  load_weight_chunk<T, W, VEC>(p, c, w);
+  for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    A s[2] = {0, 0};
+    if (c < p.cols) {
+      const Vec<T, VEC> x = load_raw<T, VEC>(static_cast<const T*>(p.x) + row * p.x_stride + c);
+      const Vec<T, VEC> dy = load_raw<T, VEC>(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
+      const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[row];
+      const A rstd = static_cast<const A*>(p.rstd)[row];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A g = to_acc(dy.v[k]) * w[k];
+        s[0] += g * (to_acc(x.v[k]) - mean) * rstd;
+        s[1] += g;
+      }
+    }
+    red.sum(s);
+    if (threadIdx.x == 0) part[row * nchunks + blockIdx.x] = {s[0], s[1]};
+  }
+}
+
+template <typename A>
+__global__ void bwd_split_rowsum_kernel(const acc2_t<A>* __restrict__ part, int64_t rows, int64_t nchunks,
+                                        acc2_t<A>* __restrict__ rowsum) {
+  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= rows) return;
+  acc2_t<A> s{0, 0};
+  for (int64_t j = 0; j < nchunks; ++j) {
+    s.x += part[row * nchunks + j].x;
+    s.y += part[row * nchunks + j].y;
+  }
+  rowsum[row] = s;
+}
+
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(kSplitThreads)
+bwd_split_dx_kernel(BwdParams p, const acc2_t<dacc_t<T>>* __restrict__ rowsum, dacc_t<T>* part_w,
+                    dacc_t<T>* part_b) {
+  using A = dacc_t<T>;
+  const int64_t n = p.cols, c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
+  if (c >= n) return;  // no barriers below
+  const A inv_n = A(1) / A(n);
+  A w[VEC], acc_w[VEC], acc_b[VEC];
+  load_weight_chunk<T, W, VEC>(p, c, w);
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) acc_w[k] = acc_b[k] = 0;
+  for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    const Vec<T, VEC> x = load_raw<T, VEC>(static_cast<const T*>(p.x) + row * p.x_stride + c);
+    const Vec<T, VEC> dy = load_raw<T, VEC>(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
+    const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[row];
+    const A rstd = static_cast<const A*>(p.rstd)[row];
+    A c_gx = 0, c_g = 0;
+    if (p.dx) {
+      c_gx = rowsum[row].x * inv_n;
+      c_g = p.rms ? A(0) : rowsum[row].y * inv_n;
+    }
+    A dx[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const A xh = (to_acc(x.v[k]) - mean) * rstd, d = to_acc(dy.v[k]);
+      acc_w[k] += d * xh;
+      acc_b[k] += d;
+      dx[k] = rstd * (d * w[k] - c_g - xh * c_gx);
+    }
+    if (p.dx) store_vec(static_cast<T*>(p.dx) + row * n + c, dx);
+  }
+  if (part_w) store_vec(part_w + int64_t(blockIdx.y) * n + c, acc_w);
+  if (part_b) store_vec(part_b + int64_t(blockIdx.y) * n + c, acc_b);
+}
+
+}  // namespace fln::cuda
