@@ -29,7 +29,8 @@ fi
 echo "$ctest_summary"
 
 echo "== Python tests (CPU and CUDA)"
-$PY -m pytest tests/python -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit.xml $* 2>&1 | tee "$LOG/pytest.log" | tail -40
+XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 8"   # parallel workers share the GPU
+$PY -m pytest tests/python $XDIST -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit.xml $* 2>&1 | tee "$LOG/pytest.log" | tail -40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 echo "== compute-sanitizer memcheck (tests marked sanitize)"
