@@ -4,6 +4,8 @@
 # CUDA), compute-sanitizer memcheck on a small selection, then the benchmark,
 # which writes bench/results/<date>-<gpu>.json with the test counts inside.
 # Logs go to $OUT (or bench/out): at most 8 files, the device tool's limit.
+# On a copy of the tree without git history, pass the commit being measured:
+#   FLN_GIT_COMMIT=$(git rev-parse HEAD) FLN_GIT_DIRTY=0 make gpu-check
 # Exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -170,6 +170,11 @@ def environment(device: str) -> dict:
     repo = Path(__file__).resolve().parents[2]
     commit = _git(["rev-parse", "HEAD"], repo)
     status = _git(["status", "--porcelain"], repo)
+    # A copy of the tree without its history (the GPU machine gets one) cannot
+    # name its commit: the sender passes FLN_GIT_COMMIT / FLN_GIT_DIRTY=0|1.
+    if os.environ.get("FLN_GIT_COMMIT"):
+        commit = os.environ["FLN_GIT_COMMIT"]
+        status = "dirty" if os.environ.get("FLN_GIT_DIRTY", "1") != "0" else ""
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device,
