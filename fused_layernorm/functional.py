@@ -6,7 +6,9 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-_ops = torch.ops.fused_layernorm
+# The overloads themselves, looked up once: cheaper per call than the packets.
+_layer_norm = torch.ops.fused_layernorm.layer_norm.default
+_rms_norm = torch.ops.fused_layernorm.rms_norm.default
 
 _Shape = Union[int, Sequence[int], torch.Size]
 
@@ -31,7 +33,7 @@ def layer_norm(
     float32.  Statistics are computed in float32 (float64 for double inputs);
     the output has the input's dtype.  Differentiable in all three tensors.
     """
-    return _ops.layer_norm(input, _as_shape(normalized_shape), weight, bias, float(eps))
+    return _layer_norm(input, _as_shape(normalized_shape), weight, bias, float(eps))
 
 
 def fused_layer_norm(
@@ -46,7 +48,7 @@ def fused_layer_norm(
     """
     if x.dim() == 0:
         raise ValueError("fused_layer_norm: input must have at least one dimension, got a 0-d tensor")
-    return _ops.layer_norm(x, [x.shape[-1]], weight, bias, float(eps))
+    return _layer_norm(x, [x.shape[-1]], weight, bias, float(eps))
 
 
 def rms_norm(
@@ -61,11 +63,11 @@ def rms_norm(
     machine epsilon of the compute dtype, as torch does: ``torch.finfo(torch.float32).eps``
     for float16/bfloat16/float32 inputs and ``torch.finfo(torch.float64).eps`` for float64.
     """
-    return _ops.rms_norm(input, _as_shape(normalized_shape), weight, None if eps is None else float(eps))
+    return _rms_norm(input, _as_shape(normalized_shape), weight, None if eps is None else float(eps))
 
 
 def fused_rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = None) -> Tensor:
     """RMSNorm over the last dimension of ``x``; ``eps=None`` as in :func:`rms_norm`."""
     if x.dim() == 0:
         raise ValueError("fused_rms_norm: input must have at least one dimension, got a 0-d tensor")
-    return _ops.rms_norm(x, [x.shape[-1]], weight, None if eps is None else float(eps))
+    return _rms_norm(x, [x.shape[-1]], weight, None if eps is None else float(eps))

@@ -18,6 +18,7 @@ int64_t product(at::IntArrayRef s) {
 // such a view (contiguous, row-sliced, row-expanded) is read in place through
 // the row stride; anything else is copied once to contiguous.
 Tensor rows_view(const Tensor& t, int64_t rows, int64_t cols) {
+  if (t.is_contiguous()) return t;  // row stride = cols; no view to build on the hot path
   Tensor v = t.reshape({rows, cols});
   if (cols > 1 && v.stride(1) != 1) v = v.contiguous();
   return v;
@@ -50,7 +51,7 @@ std::tuple<Tensor, Tensor, Tensor> norm_fwd(const Backend& be, const char* op, c
   FwdParams p;
   p.rows = rows;
   p.cols = cols;
-  p.x_stride = x.stride(0);
+  p.x_stride = x.is_contiguous() ? cols : x.stride(0);
   p.x = x.const_data_ptr();
   p.w = opt_ptr(w);
   p.b = opt_ptr(b);
@@ -84,8 +85,8 @@ std::tuple<Tensor, Tensor, Tensor> norm_bwd(const Backend& be, const char* op, c
   BwdParams p;
   p.rows = rows;
   p.cols = cols;
-  p.x_stride = x.stride(0);
-  p.dy_stride = dy.stride(0);
+  p.x_stride = x.is_contiguous() ? cols : x.stride(0);
+  p.dy_stride = dy.is_contiguous() ? cols : dy.stride(0);
   p.x = x.const_data_ptr();
   p.dy = dy.const_data_ptr();
   p.mean = opt_ptr(mean_c);

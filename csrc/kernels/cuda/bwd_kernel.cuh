@@ -132,11 +132,16 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
 
 // out[c] = sum over p of part[p * n + c], p ascending, for 32 columns per CTA:
 // 32 x 32 threads, each summing a fixed strided subset of partial rows, then
-// the 32 subsets added in order.
+// the 32 subsets added in order.  blockIdx.y picks dweight (0) or dbias (1),
+// so one launch finalizes both.  With nparts == 0 it writes zeros.
 template <typename W, typename A>
 __global__ void __launch_bounds__(1024)
-finalize_kernel(const A* __restrict__ part, int64_t nparts, int64_t n, W* __restrict__ out) {
+finalize_kernel(const A* __restrict__ part_w, const A* __restrict__ part_b, int64_t nparts, int64_t n,
+                W* __restrict__ dw, W* __restrict__ db) {
   __shared__ A s[32][33];
+  const A* part = blockIdx.y == 0 ? part_w : part_b;
+  W* out = blockIdx.y == 0 ? dw : db;
+  if (out == nullptr) return;  // uniform per CTA
   const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
   A acc = 0;
   if (c < n)

@@ -280,14 +280,13 @@ cudaError_t norm_bwd(const BwdParams& p, void* workspace, const DeviceInfo& dev,
   using DT = device_t<T>;
   using DW = device_t<W>;
   using A = dacc_t<DT>;
-  const dim3 fin_block(32, 32);
-  const dim3 fin_grid(unsigned((p.cols + 31) / 32));
-  if (p.rows == 0) {  // empty sums: zero weight gradients
-    cudaError_t e = cudaSuccess;
-    if (p.dw) e = launch(&finalize_kernel<DW, A>, fin_grid, fin_block, 0, 1, stream, (const A*)nullptr, int64_t(0), p.cols, static_cast<DW*>(p.dw));
-    if (e == cudaSuccess && p.db) e = launch(&finalize_kernel<DW, A>, fin_grid, fin_block, 0, 1, stream, (const A*)nullptr, int64_t(0), p.cols, static_cast<DW*>(p.db));
-    return e;
-  }
+  // One launch adds up (or, with no rows, zeroes) both weight gradients.
+  auto finalize = [&](const A* part_w, const A* part_b, int64_t nparts) {
+    if (!p.dw && !p.db) return cudaSuccess;
+    return launch(&finalize_kernel<DW, A>, dim3(unsigned((p.cols + 31) / 32), 2), dim3(32, 32), 0, 1, stream,
+                  part_w, part_b, nparts, p.cols, static_cast<DW*>(p.dw), static_cast<DW*>(p.db));
+  };
+  if (p.rows == 0) return finalize(nullptr, nullptr, 0);
   const BwdShape s = bwd_shape<T, W>(p, dev);
   BwdWorkspace<A> ws;
   bwd_workspace_layout<A>(p, s, workspace, &ws);
@@ -314,9 +313,7 @@ cudaError_t norm_bwd(const BwdParams& p, void* workspace, const DeviceInfo& dev,
       e = vec ? launch(&bwd_split_dx_kernel<DT, DW, V>, g3, block, 0, 1, stream, p, (const acc2_t<A>*)ws.row_sums, ws.part_w, ws.part_b)
               : launch(&bwd_split_dx_kernel<DT, DW, 1>, g3, block, 0, 1, stream, p, (const acc2_t<A>*)ws.row_sums, ws.part_w, ws.part_b);
   }
-  if (e == cudaSuccess && p.dw) e = launch(&finalize_kernel<DW, A>, fin_grid, fin_block, 0, 1, stream, (const A*)ws.part_w, s.nparts, p.cols, static_cast<DW*>(p.dw));
-  if (e == cudaSuccess && p.db) e = launch(&finalize_kernel<DW, A>, fin_grid, fin_block, 0, 1, stream, (const A*)ws.part_b, s.nparts, p.cols, static_cast<DW*>(p.db));
-  return e;
+  return e == cudaSuccess ? finalize(ws.part_w, ws.part_b, s.nparts) : e;
 }
 
 }  // namespace fln::cuda
