@@ -98,22 +98,19 @@ struct RowReducer {
   int tpr, csize, row_in_cta;
   int parity = 0;
 
-  // Sums the M <= K values of v.
-  template <int M>
-  __device__ void sum(A (&v)[M]) {
-    static_assert(M <= K, "ReduceSmem holds K values");
+  __device__ void sum(A (&v)[K]) {
     const int lanes = tpr < 32 ? tpr : 32;
 #pragma unroll
-    for (int k = 0; k < M; ++k)
+    for (int k = 0; k < K; ++k)
       for (int off = lanes / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
     if (tpr > 32) {
       const int warp = threadIdx.x / 32, wpr = tpr / 32;
       if (threadIdx.x % 32 == 0)
 #pragma unroll
-        for (int k = 0; k < M; ++k) s.warp[parity][warp][k] = v[k];
+        for (int k = 0; k < K; ++k) s.warp[parity][warp][k] = v[k];
       __syncthreads();
 #pragma unroll
-      for (int k = 0; k < M; ++k) {
+      for (int k = 0; k < K; ++k) {
         A t = 0;
         for (int w = 0; w < wpr; ++w) t += s.warp[parity][row_in_cta * wpr + w][k];
         v[k] = t;
@@ -125,10 +122,10 @@ struct RowReducer {
       cg::cluster_group cluster = cg::this_cluster();
       if (threadIdx.x == 0)
 #pragma unroll
-        for (int k = 0; k < M; ++k) s.cta[parity][k] = v[k];
+        for (int k = 0; k < K; ++k) s.cta[parity][k] = v[k];
       cluster.sync();
 #pragma unroll
-      for (int k = 0; k < M; ++k) {
+      for (int k = 0; k < K; ++k) {
         A t = 0;
         for (int r = 0; r < csize; ++r) t += cluster.map_shared_rank(&s.cta[parity][k], r)[0];
         v[k] = t;
@@ -136,69 +133,6 @@ struct RowReducer {
     }
 #endif
     parity ^= 1;
-  }
-
-  // Row statistics in one reduction: each thread brings (n, mean, M2) of its
-  // own elements (two-pass over its registers) and the triples are merged
-  // with Chan et al.'s formula, which stays accurate when |mean| >> std.
-  // Warp butterflies merge in lane-dependent orders, so the group's first
-  // lane's result is broadcast; the later stages merge in a fixed order.
-  // Needs K == 3.
-  struct Stats { A n, mean, m2; };
-
-  __device__ static Stats merge(const Stats& a, const Stats& b) {
-    const A n = a.n + b.n;
-    if (b.n == A(0)) return a;
-    const A d = b.mean - a.mean, f = b.n / n;
-    return {n, a.mean + d * f, a.m2 + b.m2 + d * d * a.n * f};
-  }
-
-  __device__ Stats stats(Stats v) {
-    static_assert(K == 3, "stats() reduces (n, mean, M2) triples");
-    const int lanes = tpr < 32 ? tpr : 32;
-    for (int off = lanes / 2; off > 0; off /= 2) {
-      const Stats o{__shfl_xor_sync(0xffffffffu, v.n, off), __shfl_xor_sync(0xffffffffu, v.mean, off),
-                    __shfl_xor_sync(0xffffffffu, v.m2, off)};
-      v = merge(v, o);
-    }
-    const int first = (threadIdx.x % 32) / lanes * lanes;
-    v = {__shfl_sync(0xffffffffu, v.n, first), __shfl_sync(0xffffffffu, v.mean, first),
-         __shfl_sync(0xffffffffu, v.m2, first)};
-    if (tpr > 32) {
-      const int warp = threadIdx.x / 32, wpr = tpr / 32;
-      if (threadIdx.x % 32 == 0) {
-        s.warp[parity][warp][0] = v.n;
-        s.warp[parity][warp][1] = v.mean;
-        s.warp[parity][warp][2] = v.m2;
-      }
-      __syncthreads();
-      const A* w0 = s.warp[parity][row_in_cta * wpr];
-      v = {w0[0], w0[1], w0[2]};
-      for (int w = 1; w < wpr; ++w) {
-        const A* e = s.warp[parity][row_in_cta * wpr + w];
-        v = merge(v, Stats{e[0], e[1], e[2]});
-      }
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (csize > 1) {
-      namespace cg = cooperative_groups;
-      cg::cluster_group cluster = cg::this_cluster();
-      if (threadIdx.x == 0) {
-        s.cta[parity][0] = v.n;
-        s.cta[parity][1] = v.mean;
-        s.cta[parity][2] = v.m2;
-      }
-      cluster.sync();
-      const A* c0 = cluster.map_shared_rank(&s.cta[parity][0], 0);
-      v = {c0[0], c0[1], c0[2]};
-      for (int r = 1; r < csize; ++r) {
-        const A* e = cluster.map_shared_rank(&s.cta[parity][0], r);
-        v = merge(v, Stats{e[0], e[1], e[2]});
-      }
-    }
-#endif
-    parity ^= 1;
-    return v;
   }
 
   // A CTA of a cluster must not exit while others may still read its shared memory.
