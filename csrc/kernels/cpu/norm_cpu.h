@@ -22,15 +22,16 @@
 
 namespace fln::cpu {
 
-// Sum with 8 independent accumulators so the loop vectorises without
-// reassociation flags; the order is fixed, so the result is deterministic.
-template <typename A>
-inline A sum8(const A* v, int64_t n) {
+// Sum of f(i) for i < n with 8 independent accumulators, so the loop
+// vectorises without reassociation flags; the order is fixed, so the result
+// is deterministic.
+template <typename A, typename F>
+inline A sum8(int64_t n, F&& f) {
   A s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) s[k] += v[i + k];
-  for (; i < n; ++i) s[0] += v[i];
+    for (int k = 0; k < 8; ++k) s[k] += f(i + k);
+  for (; i < n; ++i) s[0] += f(i);
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
@@ -53,16 +54,17 @@ void norm_fwd_rows(const FwdParams& p, int64_t begin, int64_t end) {
   const int64_t n = p.cols;
   const std::vector<A> w = load_param<W, A>(p.w, n, A(1));
   const std::vector<A> b = load_param<W, A>(p.b, n, A(0));
-  std::vector<A> row(static_cast<size_t>(n)), tmp(static_cast<size_t>(n));
+  std::vector<A> row_buf(static_cast<size_t>(n));
+  A* __restrict row = row_buf.data();
+  const A* __restrict wp = w.data();
+  const A* __restrict bp = b.data();
   for (int64_t r = begin; r < end; ++r) {
-    load_row(static_cast<const T*>(p.x) + r * p.x_stride, n, row.data());
-    A mean = 0;
-    if (!p.rms) mean = sum8(row.data(), n) / A(n);
-    for (int64_t i = 0; i < n; ++i) tmp[i] = (row[i] - mean) * (row[i] - mean);
-    const A var = sum8(tmp.data(), n) / A(n);
+    load_row(static_cast<const T*>(p.x) + r * p.x_stride, n, row);
+    const A mean = p.rms ? A(0) : sum8<A>(n, [&](int64_t i) { return row[i]; }) / A(n);
+    const A var = sum8<A>(n, [&](int64_t i) { return (row[i] - mean) * (row[i] - mean); }) / A(n);
     const A rstd = A(1) / std::sqrt(var + A(p.eps));
-    T* y = static_cast<T*>(p.y) + r * n;
-    for (int64_t i = 0; i < n; ++i) y[i] = store_as<T>((row[i] - mean) * rstd * w[i] + b[i]);
+    T* __restrict y = static_cast<T*>(p.y) + r * n;
+    for (int64_t i = 0; i < n; ++i) y[i] = store_as<T>((row[i] - mean) * rstd * wp[i] + bp[i]);
     if (p.mean) static_cast<A*>(p.mean)[r] = mean;
     if (p.rstd) static_cast<A*>(p.rstd)[r] = rstd;
   }
@@ -88,7 +90,10 @@ void norm_bwd_chunk(const BwdParams& p, int64_t c, acc_t<T>* part_w, acc_t<T>* p
   const int64_t begin = c * bwd_chunk_rows(p.rows);
   const int64_t end = std::min(p.rows, begin + bwd_chunk_rows(p.rows));
   const std::vector<A> w = load_param<W, A>(p.w, n, A(1));
-  std::vector<A> xhat(static_cast<size_t>(n)), g(static_cast<size_t>(n)), gx(static_cast<size_t>(n));
+  std::vector<A> xhat_buf(static_cast<size_t>(n)), g_buf(static_cast<size_t>(n));
+  A* __restrict xhat = xhat_buf.data();
+  A* __restrict g = g_buf.data();
+  const A* __restrict wp = w.data();
   if (part_w) std::fill(part_w, part_w + n, A(0));
   if (part_b) std::fill(part_b, part_b + n, A(0));
   for (int64_t r = begin; r < end; ++r) {
@@ -99,15 +104,16 @@ void norm_bwd_chunk(const BwdParams& p, int64_t c, acc_t<T>* part_w, acc_t<T>* p
     for (int64_t i = 0; i < n; ++i) {
       const A d = load_as<A>(dy[i]);
       xhat[i] = (load_as<A>(x[i]) - mean) * rstd;
-      g[i] = d * w[i];
-      gx[i] = g[i] * xhat[i];
-      if (part_w) part_w[i] += d * xhat[i];
-      if (part_b) part_b[i] += d;
+      g[i] = d * wp[i];
     }
+    if (part_w)
+      for (int64_t i = 0; i < n; ++i) part_w[i] += load_as<A>(dy[i]) * xhat[i];
+    if (part_b)
+      for (int64_t i = 0; i < n; ++i) part_b[i] += load_as<A>(dy[i]);
     if (!p.dx) continue;
-    const A c_gx = sum8(gx.data(), n) / A(n);
-    const A c_g = p.rms ? A(0) : sum8(g.data(), n) / A(n);
-    T* dx = static_cast<T*>(p.dx) + r * n;
+    const A c_gx = sum8<A>(n, [&](int64_t i) { return g[i] * xhat[i]; }) / A(n);
+    const A c_g = p.rms ? A(0) : sum8<A>(n, [&](int64_t i) { return g[i]; }) / A(n);
+    T* __restrict dx = static_cast<T*>(p.dx) + r * n;
     for (int64_t i = 0; i < n; ++i) dx[i] = store_as<T>(rstd * (g[i] - c_g - xhat[i] * c_gx));
   }
 }
