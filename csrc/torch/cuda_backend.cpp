@@ -5,6 +5,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <vector>
+
 #include "../kernels/cuda/norm_cuda.h"
 #include "dispatch.h"
 #include "norm_ops.h"
@@ -22,35 +24,41 @@ fln::cuda::DeviceInfo device_info(const Tensor& like) {
   return d;
 }
 
-void check(cudaError_t e, const char* what) {
-  TORCH_CHECK(e == cudaSuccess, "fused_layernorm: ", what, " failed: ", cudaGetErrorString(e));
-}
+// Scratch from the caching allocator: stream-ordered, so it may be released
+// once the work is enqueued, and safe under CUDA-graph capture.
+struct Scratch {
+  at::TensorOptions opts;
+  std::vector<Tensor> held;
+  static void* alloc(void* ctx, size_t bytes) {
+    auto* s = static_cast<Scratch*>(ctx);
+    s->held.push_back(at::empty({int64_t(bytes)}, s->opts));
+    return s->held.back().mutable_data_ptr();
+  }
+};
 
-void cuda_fwd(const FwdParams& p, at::ScalarType xt, at::ScalarType wt, const Tensor& like) {
+// Runs one launcher on the input's device and current stream, and checks it.
+template <typename Launch>
+void run(const Tensor& like, at::ScalarType xt, at::ScalarType wt, const char* what, Launch&& launch) {
   c10::cuda::CUDAGuard guard(like.device());
   const auto dev = device_info(like);
   cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index);
+  Scratch scratch{like.options().dtype(at::kByte), {}};
+  const fln::cuda::Workspace ws{&Scratch::alloc, &scratch};
   dispatch_norm_types(xt, wt, [&](auto t, auto w) {
-    using T = typename decltype(t)::type;
-    using W = typename decltype(w)::type;
-    const size_t bytes = fln::cuda::norm_fwd_workspace_bytes<T, W>(p, dev);
-    Tensor ws = bytes ? at::empty({int64_t(bytes)}, like.options().dtype(at::kByte)) : Tensor();
-    check(fln::cuda::norm_fwd<T, W>(p, bytes ? ws.mutable_data_ptr() : nullptr, dev, stream),
-          "forward kernel launch");
+    const cudaError_t e = launch(t, w, dev, stream, ws);
+    TORCH_CHECK(e == cudaSuccess, "fused_layernorm: ", what, " failed: ", cudaGetErrorString(e));
+  });
+}
+
+void cuda_fwd(const FwdParams& p, at::ScalarType xt, at::ScalarType wt, const Tensor& like) {
+  run(like, xt, wt, "forward kernel launch", [&](auto t, auto w, const auto& dev, cudaStream_t s, auto ws) {
+    return fln::cuda::norm_fwd<typename decltype(t)::type, typename decltype(w)::type>(p, dev, s, ws);
   });
 }
 
 void cuda_bwd(const BwdParams& p, at::ScalarType xt, at::ScalarType wt, const Tensor& like) {
-  c10::cuda::CUDAGuard guard(like.device());
-  const auto dev = device_info(like);
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index);
-  dispatch_norm_types(xt, wt, [&](auto t, auto w) {
-    using T = typename decltype(t)::type;
-    using W = typename decltype(w)::type;
-    const size_t bytes = fln::cuda::norm_bwd_workspace_bytes<T, W>(p, dev);
-    Tensor ws = bytes ? at::empty({int64_t(bytes)}, like.options().dtype(at::kByte)) : Tensor();
-    check(fln::cuda::norm_bwd<T, W>(p, bytes ? ws.mutable_data_ptr() : nullptr, dev, stream),
-          "backward kernel launch");
+  run(like, xt, wt, "backward kernel launch", [&](auto t, auto w, const auto& dev, cudaStream_t s, auto ws) {
+    return fln::cuda::norm_bwd<typename decltype(t)::type, typename decltype(w)::type>(p, dev, s, ws);
   });
 }
 

@@ -14,14 +14,19 @@ int64_t product(at::IntArrayRef s) {
   return p;
 }
 
-// A (rows, cols) view with unit inner stride.  Any layout that reshapes to
-// such a view (contiguous, row-sliced, row-expanded) is read in place through
-// the row stride; anything else is copied once to contiguous.
-Tensor rows_view(const Tensor& t, int64_t rows, int64_t cols) {
-  if (t.is_contiguous()) return t;  // row stride = cols; no view to build on the hot path
+// The rows of t as (data, row stride) with unit inner stride.  Any layout
+// that reshapes to such a view (contiguous, row-sliced, row-expanded) is read
+// in place; anything else is copied once to contiguous.
+struct Rows {
+  Tensor t;        // keeps the data alive
+  int64_t stride;  // elements between row starts
+};
+
+Rows rows_view(const Tensor& t, int64_t rows, int64_t cols) {
+  if (t.is_contiguous()) return {t, cols};  // the hot path: no view to build
   Tensor v = t.reshape({rows, cols});
   if (cols > 1 && v.stride(1) != 1) v = v.contiguous();
-  return v;
+  return {v, v.stride(0)};
 }
 
 const void* opt_ptr(const Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
@@ -43,7 +48,8 @@ std::tuple<Tensor, Tensor, Tensor> norm_fwd(const Backend& be, const char* op, c
   const int64_t cols = product(normalized_shape), rows = input.numel() / cols;
   const auto lead = input.sizes().slice(0, input.dim() - int64_t(normalized_shape.size()));
   const auto stats_opts = input.options().dtype(stats_dtype(input.scalar_type()));
-  Tensor x = rows_view(input, rows, cols), w = contiguous_param(weight), b = contiguous_param(bias);
+  const Rows x = rows_view(input, rows, cols);
+  Tensor w = contiguous_param(weight), b = contiguous_param(bias);
   Tensor y = at::empty(input.sizes(), input.options().memory_format(at::MemoryFormat::Contiguous));
   Tensor mean = rms ? Tensor() : at::empty(lead, stats_opts);
   Tensor rstd = at::empty(lead, stats_opts);
@@ -51,8 +57,8 @@ std::tuple<Tensor, Tensor, Tensor> norm_fwd(const Backend& be, const char* op, c
   FwdParams p;
   p.rows = rows;
   p.cols = cols;
-  p.x_stride = x.is_contiguous() ? cols : x.stride(0);
-  p.x = x.const_data_ptr();
+  p.x_stride = x.stride;
+  p.x = x.t.const_data_ptr();
   p.w = opt_ptr(w);
   p.b = opt_ptr(b);
   p.y = y.mutable_data_ptr();
@@ -80,15 +86,15 @@ std::tuple<Tensor, Tensor, Tensor> norm_bwd(const Backend& be, const char* op, c
   Tensor dw = mask[1] && w.defined() ? at::empty(normalized_shape, w.options()) : Tensor();
   Tensor db = mask[2] && has_b ? at::empty(normalized_shape, bias->options()) : Tensor();
   if (!dw.defined() && !db.defined() && (!dx.defined() || rows == 0)) return {dx, dw, db};
-  Tensor x = rows_view(input, rows, cols), dy = rows_view(grad_out, rows, cols);
+  const Rows x = rows_view(input, rows, cols), dy = rows_view(grad_out, rows, cols);
   Tensor mean_c = rms ? Tensor() : mean.contiguous(), rstd_c = rstd.contiguous();
   BwdParams p;
   p.rows = rows;
   p.cols = cols;
-  p.x_stride = x.is_contiguous() ? cols : x.stride(0);
-  p.dy_stride = dy.is_contiguous() ? cols : dy.stride(0);
-  p.x = x.const_data_ptr();
-  p.dy = dy.const_data_ptr();
+  p.x_stride = x.stride;
+  p.dy_stride = dy.stride;
+  p.x = x.t.const_data_ptr();
+  p.dy = dy.t.const_data_ptr();
   p.mean = opt_ptr(mean_c);
   p.rstd = rstd_c.const_data_ptr();
   p.w = opt_ptr(w);

@@ -2,6 +2,5 @@
 #include "launch.cuh"
 
 namespace fln::cuda {
-template size_t norm_fwd_workspace_bytes<fln::BFloat16, float>(const FwdParams&, const DeviceInfo&);
-template cudaError_t norm_fwd<fln::BFloat16, float>(const FwdParams&, void*, const DeviceInfo&, cudaStream_t);
+template cudaError_t norm_fwd<fln::BFloat16, float>(const FwdParams&, const DeviceInfo&, cudaStream_t, Workspace);
 }  // namespace fln::cuda

@@ -2,6 +2,5 @@
 #include "launch.cuh"
 
 namespace fln::cuda {
-template size_t norm_bwd_workspace_bytes<fln::BFloat16, fln::BFloat16>(const BwdParams&, const DeviceInfo&);
-template cudaError_t norm_bwd<fln::BFloat16, fln::BFloat16>(const BwdParams&, void*, const DeviceInfo&, cudaStream_t);
+template cudaError_t norm_bwd<fln::BFloat16, fln::BFloat16>(const BwdParams&, const DeviceInfo&, cudaStream_t, Workspace);
 }  // namespace fln::cuda

@@ -35,38 +35,43 @@ bool bwd_vec_ok(const BwdParams& p) {
          aligned(p.dy, 16) && aligned(p.dx, 16) && aligned(p.w, sizeof(DW) * V);
 }
 
-// One launch path for plain and cluster launches.
+// A launch configuration, with the cluster attribute when csize > 1.
+struct LaunchConfig {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  LaunchConfig(dim3 grid, dim3 block, size_t smem, int csize, cudaStream_t stream) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    if (csize > 1) {
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(csize);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+    }
+  }
+  LaunchConfig(const LaunchConfig&) = delete;  // cfg.attrs points into this object
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
+};
+
+// One launch path for plain and cluster launches.  A kernel that needs more
+// than 48 KB of dynamic shared memory or a cluster of more than 8 CTAs has
+// been configured by resident_groups() first, once per device.
 template <typename... KArgs, typename... Args>
 cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, int csize,
                    cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  if (smem > 48 * 1024) {  // above the default dynamic shared memory limit
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (e != cudaSuccess) return e;
-  }
-  cudaLaunchAttribute attr[1];
-  if (csize > 1) {
-    if (csize > 8) {  // 16-CTA clusters are "non-portable" and must be enabled per kernel
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      if (e != cudaSuccess) return e;
-    }
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(csize);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  const LaunchConfig lc(grid, block, smem, csize, stream);
+  cudaError_t e = cudaLaunchKernelEx(&lc.cfg, kernel, args...);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 // Row groups (CTAs, or clusters) that fit on the device at once, cached per
 // kernel, device and shape of launch.  0 means the launch cannot fit at all.
+// On the first query it also sets the kernel attributes such a launch needs
+// (they persist on the device), so launches do no attribute calls.
 template <typename K>
 int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize, size_t smem) {
   static std::mutex mu;
@@ -78,25 +83,18 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
     if (it != cache.end()) return it->second;
   }
   int groups = 0;
-  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  if (csize == 1) {
+  bool ok = true;
+  if (smem > 48 * 1024)  // above the default dynamic shared memory limit
+    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
+  if (ok && csize > 8)  // 16-CTA clusters are "non-portable" and must be enabled per kernel
+    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+  if (ok && csize == 1) {
     int per_sm = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cta_threads, smem) != cudaSuccess) per_sm = 0;
     groups = per_sm * dev.sm_count;
-  } else {
-    if (csize > 8) cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(csize));
-    cfg.blockDim = dim3(unsigned(cta_threads));
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(csize);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&groups, kernel, &cfg) != cudaSuccess) groups = 0;
+  } else if (ok) {
+    const LaunchConfig lc(dim3(unsigned(csize)), dim3(unsigned(cta_threads)), smem, csize, nullptr);
+    if (cudaOccupancyMaxActiveClusters(&groups, kernel, &lc.cfg) != cudaSuccess) groups = 0;
   }
   cudaGetLastError();  // a failed query must not leak into the next launch check
   std::lock_guard<std::mutex> lock(mu);
@@ -152,16 +150,7 @@ inline SplitShape split_shape(int64_t rows, int64_t cols, int vec) {
 inline bool use_register_kernel(const Plan& pl, bool bwd) { return pl.registers && (!bwd || pl.csize <= 2); }
 
 template <typename T, typename W>
-size_t norm_fwd_workspace_bytes(const FwdParams& p, const DeviceInfo& dev) {
-  using A = dacc_t<device_t<T>>;
-  const Plan pl = fwd_plan<T, W>(p, dev);
-  // A cluster plan may find no room on the device and split instead.
-  if (p.rows == 0 || (pl.registers && pl.csize == 1)) return 0;
-  return size_t(p.rows) * split_shape(p.rows, p.cols, pl.vec).nchunks * sizeof(acc2_t<A>);
-}
-
-template <typename T, typename W>
-cudaError_t norm_fwd(const FwdParams& p, void* workspace, const DeviceInfo& dev, cudaStream_t stream) {
+cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream, Workspace ws) {
   using DT = device_t<T>;
   using DW = device_t<W>;
   using A = dacc_t<DT>;
@@ -179,11 +168,11 @@ cudaError_t norm_fwd(const FwdParams& p, void* workspace, const DeviceInfo& dev,
                     RowLayout{pl.tpr, pl.csize});
     }
   }
-  // The split path needs the workspace norm_fwd_workspace_bytes sized for it.
-  if (workspace == nullptr) return cudaErrorInvalidValue;
+  // Split path (also when a cluster plan finds no room on the device).
   const SplitShape s = split_shape(p.rows, p.cols, pl.vec);
   constexpr int V = 16 / sizeof(DT);
-  auto* part = static_cast<acc2_t<A>*>(workspace);
+  auto* part = static_cast<acc2_t<A>*>(ws.alloc(ws.ctx, size_t(p.rows) * s.nchunks * sizeof(acc2_t<A>)));
+  if (part == nullptr) return cudaErrorMemoryAllocation;
   const dim3 grid(unsigned(s.nchunks), unsigned(s.grid_rows)), block(kSplitThreads);
   cudaError_t e = s.vec > 1 ? launch(&fwd_split_stats_kernel<DT, V>, grid, block, 0, 1, stream, p, s.nchunks, part)
                             : launch(&fwd_split_stats_kernel<DT, 1>, grid, block, 0, 1, stream, p, s.nchunks, part);
@@ -196,7 +185,7 @@ cudaError_t norm_fwd(const FwdParams& p, void* workspace, const DeviceInfo& dev,
   return e;
 }
 
-// Backward launch shape, shared by the workspace query and the launch.
+// Backward launch shape: the path, its grid and its scratch.
 struct BwdShape {
   Plan plan;
   bool registers;      // register kernel; else the split-row kernels
@@ -270,13 +259,7 @@ size_t bwd_workspace_layout(const BwdParams& p, const BwdShape& s, void* base, B
 }
 
 template <typename T, typename W>
-size_t norm_bwd_workspace_bytes(const BwdParams& p, const DeviceInfo& dev) {
-  if (p.rows == 0) return 0;
-  return bwd_workspace_layout<dacc_t<device_t<T>>>(p, bwd_shape<T, W>(p, dev), nullptr, nullptr);
-}
-
-template <typename T, typename W>
-cudaError_t norm_bwd(const BwdParams& p, void* workspace, const DeviceInfo& dev, cudaStream_t stream) {
+cudaError_t norm_bwd(const BwdParams& p, const DeviceInfo& dev, cudaStream_t stream, Workspace scratch) {
   using DT = device_t<T>;
   using DW = device_t<W>;
   using A = dacc_t<DT>;
@@ -288,8 +271,11 @@ cudaError_t norm_bwd(const BwdParams& p, void* workspace, const DeviceInfo& dev,
   };
   if (p.rows == 0) return finalize(nullptr, nullptr, 0);
   const BwdShape s = bwd_shape<T, W>(p, dev);
+  const size_t bytes = bwd_workspace_layout<A>(p, s, nullptr, nullptr);
+  void* base = bytes ? scratch.alloc(scratch.ctx, bytes) : nullptr;
+  if (bytes && base == nullptr) return cudaErrorMemoryAllocation;
   BwdWorkspace<A> ws;
-  bwd_workspace_layout<A>(p, s, workspace, &ws);
+  bwd_workspace_layout<A>(p, s, base, &ws);
   cudaError_t e = cudaSuccess;
   if (s.registers) {
     const Plan& pl = s.plan;

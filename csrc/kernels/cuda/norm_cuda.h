@@ -12,18 +12,18 @@
 
 namespace fln::cuda {
 
-// Scratch bytes norm_fwd needs (0 unless the row is split across CTAs).
-template <typename T, typename W>
-size_t norm_fwd_workspace_bytes(const FwdParams& p, const DeviceInfo& dev);
+// Scratch memory for the launchers: alloc(ctx, bytes) returns device memory
+// that stays valid for the work enqueued on the stream (a stream-ordered
+// caching allocator, say), or nullptr on failure.
+struct Workspace {
+  void* (*alloc)(void* ctx, size_t bytes);
+  void* ctx;
+};
 
 template <typename T, typename W>
-cudaError_t norm_fwd(const FwdParams& p, void* workspace, const DeviceInfo& dev, cudaStream_t stream);
-
-// Scratch bytes norm_bwd needs for its dweight/dbias partials (0 if none).
-template <typename T, typename W>
-size_t norm_bwd_workspace_bytes(const BwdParams& p, const DeviceInfo& dev);
+cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream, Workspace ws);
 
 template <typename T, typename W>
-cudaError_t norm_bwd(const BwdParams& p, void* workspace, const DeviceInfo& dev, cudaStream_t stream);
+cudaError_t norm_bwd(const BwdParams& p, const DeviceInfo& dev, cudaStream_t stream, Workspace ws);
 
 }  // namespace fln::cuda
