@@ -17,7 +17,8 @@ bench: build
 	$(PYTHON) -m fused_layernorm.bench $(BENCH_ARGS)
 
 # One command on a GPU machine: build, every test on CUDA, compute-sanitizer,
-# the benchmark, and bench/results/<date>-<gpu>.json.
+# the benchmark, and bench/results/<date>-<gpu>.json.  On a copy of the tree
+# without git history, pass FLN_GIT_COMMIT (and FLN_GIT_DIRTY=0|1).
 gpu-check:
 	PYTHON=$(PY) MAX_JOBS=$(MAX_JOBS) bash scripts/gpu_check.sh
 

@@ -15,6 +15,13 @@ mkdir -p "$LOG" bench/results
 export PYTHONUNBUFFERED=1
 status=0
 
+# Results must name the commit they measured.  A copy of the tree without git
+# history (the device tool sends one) cannot, so the sender must pass it.
+if [ -z "${FLN_GIT_COMMIT:-}" ] && ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
+  echo "gpu-check: no git history here; run as FLN_GIT_COMMIT=\$(git rev-parse HEAD) FLN_GIT_DIRTY=0|1 make gpu-check" >&2
+  exit 2
+fi
+
 echo "== build"
 MAX_JOBS=${MAX_JOBS:-16} $PY -m pip install --no-build-isolation --no-deps -e . >"$LOG/build.log" 2>&1 \
   || { tail -50 "$LOG/build.log"; exit 1; }
