@@ -12,21 +12,30 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
   DeviceInfo dev;
   dev.sm_count = 132;
   dev.cc_major = cc;
-  const Plan p = make_plan(1000, cols, elem, acc, vec_ok, bwd, dev);
+  const Plan p = make_plan(1000, cols, elem, acc, vec_ok, bwd, dev, /*w_bytes=*/elem);
   SCOPED_TRACE(testing::Message() << "cols=" << cols << " elem=" << elem << " bwd=" << bwd << " cc=" << cc);
   if (!p.registers) {
     // Falls back only when one CTA cannot hold the row and clusters can't help.
     const int vec = vec_ok ? 16 / elem : 1;
-    const int64_t per_cta = int64_t(kMaxCta) * max_accesses(bwd, vec, elem) * vec;
+    const int64_t per_cta = int64_t(kMaxCta) * max_accesses(bwd, vec, elem, true) * vec;
     EXPECT_GT(cols, per_cta);
     if (cc >= 9) EXPECT_GT(cols, 16 * per_cta);
     return;
   }
   EXPECT_EQ(p.vec, vec_ok ? 16 / elem : 1);
   EXPECT_GE(int64_t(p.tpr) * p.csize * p.nv * p.vec, cols);          // covers the row
-  EXPECT_LE(p.nv, max_accesses(bwd, p.vec, elem));                    // register budget
+  EXPECT_LE(p.nv, max_accesses(bwd, p.vec, elem, true));              // register budget
+  // The larger forward budget only where a row would otherwise need a cluster.
+  if (p.nv > max_accesses(bwd, p.vec, elem))
+    EXPECT_GT(cols, int64_t(kMaxCta) * max_accesses(bwd, p.vec, elem) * p.vec);
   if (bwd) EXPECT_LE(bwd_partials_smem(p.cta_threads, p.nv, p.vec, acc), 64 * 1024);  // 3 CTAs per SM
-  EXPECT_LE(p.nv * p.vec * elem, bwd ? 32 : 64);                       // bytes of row per thread
+  EXPECT_LE(p.nv * p.vec * elem, bwd ? 32 : 128);                      // bytes of row per thread
+  if (p.cache_wb) {  // forward clusters of 16-byte accesses, two CTAs per SM
+    EXPECT_FALSE(bwd);
+    EXPECT_GT(p.csize, 1);
+    EXPECT_GT(p.vec, 1);
+    EXPECT_LE(wb_cache_smem(p.cta_threads, p.nv, p.vec, elem), kWbCacheMax);
+  }
   if (p.tpr <= 32) EXPECT_EQ(p.tpr & (p.tpr - 1), 0);                 // lanes of a warp: power of two
   else EXPECT_EQ(p.tpr % 32, 0);                                       // else whole warps
   EXPECT_LE(p.tpr, kMaxCta);
@@ -62,4 +71,18 @@ TEST(LaunchPlan, BenchmarkSizesUseRegistersOnHopper) {
     EXPECT_TRUE(make_plan(1 << 20, cols, 2, 4, true, true, dev).registers) << cols;
   }
   EXPECT_TRUE(make_plan(512, 262144, 2, 4, true, false, dev).registers);
+}
+
+TEST(LaunchPlan, LongRowsTakeFewerCtas) {
+  DeviceInfo dev;
+  dev.cc_major = 9;
+  // fp32 12288: 128 bytes a thread, one CTA of 384 threads instead of a 2-CTA cluster.
+  const Plan f = make_plan(1 << 14, 12288, 4, 4, true, false, dev, 4);
+  EXPECT_EQ(f.csize, 1);
+  EXPECT_EQ(f.tpr, 384);
+  // bf16 65536: 64 bytes a thread, a 4-CTA cluster with the weight cache.
+  const Plan h = make_plan(1 << 11, 65536, 2, 4, true, false, dev, 2);
+  EXPECT_EQ(h.csize, 4);
+  EXPECT_EQ(h.nv * h.vec * 2, 64);
+  EXPECT_TRUE(h.cache_wb);
 }

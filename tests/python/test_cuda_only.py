@@ -105,6 +105,15 @@ def test_hidden_size_sweep(kind, dtype, hidden, seed):
 
 
 @kinds
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [32768, 65536, 131072])
+def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
+    """Enough rows that each persistent cluster walks several, reusing its
+    weight/bias slice (cached in shared memory for 16-bit inputs)."""
+    check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
+
+
+@kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [256, 1024])
 def test_row_count_sweep(kind, dtype, hidden, seed):

@@ -14,16 +14,25 @@
 
 namespace fln::cuda {
 
+// dweight / dbias partial slots in shared memory: a pair of elements per
+// slot when VEC is even (one 16-byte access for four fp32 accumulators).
+template <typename A, int VEC>
+struct alignas(sizeof(A) * (VEC % 2 == 0 ? 4 : 2)) PartialSlot {
+  static constexpr int kElems = VEC % 2 == 0 ? 2 : 1;
+  A dw[kElems], db[kElems];
+};
+
 template <typename T, typename W, int VEC, int NV>
 __global__ void __launch_bounds__(kMaxCtaThreads, 2)
 norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b) {
   using A = dacc_t<T>;
-  using A2 = acc2_t<A>;
+  using Slot = PartialSlot<A, VEC>;
+  constexpr int kPer = Slot::kElems, kSlots = VEC / kPer;  // slots per access
   __shared__ ReduceSmem<A, 2> smem;
-  // (dweight, dbias) partials, [NV * VEC][CTA threads]: each thread owns its
-  // slots (no barrier until the merge) and a warp's accesses are consecutive.
+  // (dweight, dbias) partials, [NV * kSlots][CTA threads]: each thread owns
+  // its slots (no barrier until the merge) and a warp's accesses are consecutive.
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  A2* acc = reinterpret_cast<A2*>(dyn_smem);
+  Slot* acc = reinterpret_cast<Slot*>(dyn_smem);
   const int tpr = lay.tpr, rpc = blockDim.x / tpr, cta = blockDim.x;
   const int row_in_cta = threadIdx.x / tpr, lane = threadIdx.x % tpr;
   const int crank = cluster_rank_or_zero(lay.csize);
@@ -38,23 +47,32 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
   const bool want_dw = part_w != nullptr || part_b != nullptr;
   RowReducer<A, 2> red{smem, tpr, lay.csize, row_in_cta};
 
+  // This thread's columns are the same in every row: its weights stay in
+  // registers (1.0 without a weight, so no branch per element).
+  Frag<W, VEC> w[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int64_t c = int64_t(i * stride + t) * VEC;
+    if (wg && c < n) w[i].load(wg + c);
+    else w[i].one();
+  }
   if (want_dw)
 #pragma unroll
-    for (int e = 0; e < NV * VEC; ++e) acc[e * cta + threadIdx.x] = A2{0, 0};
+    for (int e = 0; e < NV * kSlots; ++e) acc[e * cta + threadIdx.x] = Slot{};
 
   for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
     const int64_t row = base + row_in_cta;
     const bool live = row < p.rows;
-    Vec<T, VEC> xr[NV], dyr[NV];  // the row, in the storage dtype
+    Frag<T, VEC> x[NV], dy[NV];  // the row, in the storage dtype
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
-      if (live && c < n) {
-        xr[i] = load_raw<T, VEC>(xg + row * p.x_stride + c);
-        dyr[i] = load_raw<T, VEC>(dyg + row * p.dy_stride + c);
+      if (!live || c >= n) {
+        x[i].zero();
+        dy[i].zero();
       } else {
-        xr[i] = zero_vec<T, VEC>();
-        dyr[i] = zero_vec<T, VEC>();
+        x[i].load(xg + row * p.x_stride + c);
+        dy[i].load(dyg + row * p.dy_stride + c);
       }
     }
     const A mean = (live && !p.rms) ? static_cast<const A*>(p.mean)[row] : A(0);
@@ -62,41 +80,39 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
     A s[2] = {0, 0};  // sum(g * xhat), sum(g) with g = dy * w
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t c = int64_t(i * stride + t) * VEC;
-      A w[VEC];
-      if (wg && c < n) load_vec(wg + c, w);
-      else
+      A s0 = 0, s1 = 0;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) w[k] = 1;
+      for (int j = 0; j < kSlots; ++j) {
+        Slot a{};
+        if (want_dw) a = acc[(i * kSlots + j) * cta + threadIdx.x];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const A xh = (to_acc(xr[i].v[k]) - mean) * rstd, dy = to_acc(dyr[i].v[k]), g = dy * w[k];
-        if (want_dw) {
-          A2& a = acc[(i * VEC + k) * cta + threadIdx.x];
-          a.x += dy * xh;
-          a.y += dy;
+        for (int e = 0; e < kPer; ++e) {
+          const int k = j * kPer + e;
+          const A xh = (x[i].get(k) - mean) * rstd, d = dy[i].get(k), g = d * w[i].get(k);
+          a.dw[e] += d * xh;
+          a.db[e] += d;
+          s0 += g * xh;
+          s1 += g;
         }
-        s[0] += g * xh;
-        s[1] += g;
+        if (want_dw) acc[(i * kSlots + j) * cta + threadIdx.x] = a;
       }
+      s[0] += s0;
+      s[1] += s1;
     }
     if (p.dx == nullptr) continue;  // uniform: no reduction needed
     red.sum(s);
     if (!live) continue;
-    const A c_gx = s[0] * inv_n, c_g = p.rms ? A(0) : s[1] * inv_n;
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) = g * rstd - (xhat * c1 + c0)
+    const A c1 = s[0] * inv_n * rstd, c0 = p.rms ? A(0) : s[1] * inv_n * rstd;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
       if (c >= n) continue;
-      A w[VEC], dx[VEC];
-      if (wg) load_vec(wg + c, w);  // second read of w: an L1 hit
-      else
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) w[k] = 1;
+      A dx[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A xh = (to_acc(xr[i].v[k]) - mean) * rstd;
-        dx[k] = rstd * (to_acc(dyr[i].v[k]) * w[k] - c_g - xh * c_gx);
+        const A xh = (x[i].get(k) - mean) * rstd;
+        dx[k] = dy[i].get(k) * w[i].get(k) * rstd - (xh * c1 + c0);
       }
       store_vec(static_cast<T*>(p.dx) + row * n + c, dx);
     }
@@ -115,15 +131,21 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
     if (c >= n) continue;
     A dw[VEC], db[VEC];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      A2 a = acc[(i * VEC + k) * cta + lane];
+    for (int j = 0; j < kSlots; ++j) {
+      Slot a = acc[(i * kSlots + j) * cta + lane];
       for (int r = 1; r < rpc; ++r) {
-        const A2 o = acc[(i * VEC + k) * cta + r * tpr + lane];
-        a.x += o.x;
-        a.y += o.y;
+        const Slot o = acc[(i * kSlots + j) * cta + r * tpr + lane];
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          a.dw[e] += o.dw[e];
+          a.db[e] += o.db[e];
+        }
       }
-      dw[k] = a.x;
-      db[k] = a.y;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        dw[j * kPer + e] = a.dw[e];
+        db[j * kPer + e] = a.db[e];
+      }
     }
     if (part_w) store_vec(part_w + group * n + c, dw);
     if (part_b) store_vec(part_b + group * n + c, db);

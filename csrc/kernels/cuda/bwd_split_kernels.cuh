@@ -35,14 +35,16 @@ bwd_split_sums_kernel(BwdParams p, int64_t nchunks, acc2_t<dacc_t<T>>* part) {
   for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
     A s[2] = {0, 0};
     if (c < p.cols) {
-      const Vec<T, VEC> x = load_raw<T, VEC>(static_cast<const T*>(p.x) + row * p.x_stride + c);
-      const Vec<T, VEC> dy = load_raw<T, VEC>(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
+      Frag<T, VEC> x;
+    x.load(static_cast<const T*>(p.x) + row * p.x_stride + c);
+      Frag<T, VEC> dy;
+    dy.load(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
       const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[row];
       const A rstd = static_cast<const A*>(p.rstd)[row];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A g = to_acc(dy.v[k]) * w[k];
-        s[0] += g * (to_acc(x.v[k]) - mean) * rstd;
+        const A g = dy.get(k) * w[k];
+        s[0] += g * (x.get(k) - mean) * rstd;
         s[1] += g;
       }
     }
@@ -77,8 +79,10 @@ bwd_split_dx_kernel(BwdParams p, const acc2_t<dacc_t<T>>* __restrict__ rowsum, d
 #pragma unroll
   for (int k = 0; k < VEC; ++k) acc_w[k] = acc_b[k] = 0;
   for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
-    const Vec<T, VEC> x = load_raw<T, VEC>(static_cast<const T*>(p.x) + row * p.x_stride + c);
-    const Vec<T, VEC> dy = load_raw<T, VEC>(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
+    Frag<T, VEC> x;
+    x.load(static_cast<const T*>(p.x) + row * p.x_stride + c);
+    Frag<T, VEC> dy;
+    dy.load(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
     const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[row];
     const A rstd = static_cast<const A*>(p.rstd)[row];
     A c_gx = 0, c_g = 0;
@@ -89,7 +93,7 @@ bwd_split_dx_kernel(BwdParams p, const acc2_t<dacc_t<T>>* __restrict__ rowsum, d
     A dx[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const A xh = (to_acc(x.v[k]) - mean) * rstd, d = to_acc(dy.v[k]);
+      const A xh = (x.get(k) - mean) * rstd, d = dy.get(k);
       acc_w[k] += d * xh;
       acc_b[k] += d;
       dx[k] = rstd * (d * w[k] - c_g - xh * c_gx);

@@ -51,32 +51,87 @@ __device__ __forceinline__ double rsqrt_acc(double v) { return 1.0 / sqrt(v); }
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Vec { T v[VEC]; };
 
-template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> load_raw(const T* p) {
-  return *reinterpret_cast<const Vec<T, VEC>*>(p);
+// Bit patterns of 16-bit floats, two to a 32-bit word: the low half holds
+// the element of lower address.
+__device__ __forceinline__ float bits_to_acc(uint32_t u, bool hi, __nv_bfloat16*) {
+  return __uint_as_float(hi ? (u & 0xffff0000u) : (u << 16));  // bf16 is the top half of an fp32
+}
+__device__ __forceinline__ float bits_to_acc(uint32_t u, bool hi, __half*) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(hi ? u >> 16 : u & 0xffffu)));
+}
+__device__ __forceinline__ uint32_t acc_to_bits(float lo, float hi, __nv_bfloat16*) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // one packed conversion
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t acc_to_bits(float lo, float hi, __half*) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> zero_vec() {
-  Vec<T, VEC> v;
+// One access of VEC elements held in registers in the storage dtype.  16-bit
+// types stay packed two to a 32-bit register (left as an array of __half the
+// compiler gives every element its own register and unpacks it with extra
+// instructions); get() converts one element when it is used.
+template <typename T, int VEC, bool kPacked = sizeof(T) == 2>
+struct Frag {
+  Vec<T, VEC> r;
+  __device__ __forceinline__ void load(const T* p) { r = *reinterpret_cast<const Vec<T, VEC>*>(p); }
+  __device__ __forceinline__ void zero() {
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) v.v[k] = from_acc<T>(dacc_t<T>(0));
-  return v;
-}
+    for (int k = 0; k < VEC; ++k) r.v[k] = T(0);
+  }
+  __device__ __forceinline__ void one() {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) r.v[k] = T(1);
+  }
+  __device__ __forceinline__ dacc_t<T> get(int k) const { return r.v[k]; }
+};
 
+template <typename T, int VEC>
+struct Frag<T, VEC, true> {
+  static constexpr int kWords = (VEC + 1) / 2;
+  Vec<uint32_t, kWords> r;
+  __device__ __forceinline__ void load(const T* p) {
+    if constexpr (VEC == 1) r.v[0] = *reinterpret_cast<const unsigned short*>(p);
+    else r = *reinterpret_cast<const Vec<uint32_t, kWords>*>(p);
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) r.v[k] = 0;
+  }
+  __device__ __forceinline__ void one() {  // 1.0 in every element
+    const uint32_t b = acc_to_bits(1.0f, 1.0f, static_cast<T*>(nullptr));
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) r.v[k] = b;
+  }
+  __device__ __forceinline__ float get(int k) const {
+    return bits_to_acc(r.v[k / 2], k % 2 == 1, static_cast<T*>(nullptr));
+  }
+};
+
+// Loads VEC elements of T converted to the accumulation type A.
 template <typename A, typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T* p, A (&out)[VEC]) {
-  const Vec<T, VEC> v = *reinterpret_cast<const Vec<T, VEC>*>(p);
+  Frag<T, VEC> f;
+  f.load(p);
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) out[k] = to_acc(v.v[k]);
+  for (int k = 0; k < VEC; ++k) out[k] = f.get(k);
 }
 
+// Stores VEC accumulators as T: 16-bit types are converted a pair at a time.
 template <typename T, typename A, int VEC>
 __device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
-  Vec<T, VEC> v;
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+    Vec<uint32_t, VEC / 2> v;
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) v.v[k] = from_acc<T>(in[k]);
-  *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+    for (int k = 0; k < VEC / 2; ++k) v.v[k] = acc_to_bits(in[2 * k], in[2 * k + 1], static_cast<T*>(nullptr));
+    *reinterpret_cast<Vec<uint32_t, VEC / 2>*>(p) = v;
+  } else {
+    Vec<T, VEC> v;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v.v[k] = from_acc<T>(in[k]);
+    *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+  }
 }
 
 // Shared state for RowReducer: two buffers used alternately, so one barrier
@@ -102,7 +157,9 @@ struct RowReducer {
     const int lanes = tpr < 32 ? tpr : 32;
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      for (int off = lanes / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2)
+        if (off < lanes) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
     if (tpr > 32) {
       const int warp = threadIdx.x / 32, wpr = tpr / 32;
       if (threadIdx.x % 32 == 0)

@@ -17,10 +17,15 @@ struct RowLayout {
   int csize;  // CTAs of a cluster on a row (1 without clusters)
 };
 
-template <typename T, typename W, int VEC, int NV>
+// CACHE_WB (persistent grids): each thread copies its slice of weight and
+// bias into shared memory once, [access][thread], and reads it back for every
+// row, instead of re-reading it from L2 (long rows do not stay in L1).  Takes
+// 2 * NV * blockDim.x * VEC * sizeof(W) bytes of dynamic shared memory.
+template <typename T, typename W, int VEC, int NV, bool CACHE_WB>
 __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p, RowLayout lay) {
   using A = dacc_t<T>;
   __shared__ ReduceSmem<A, 1> smem;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
   const int tpr = lay.tpr, rpc = blockDim.x / tpr;  // rows per CTA
   const int row_in_cta = threadIdx.x / tpr;
   const int crank = cluster_rank_or_zero(lay.csize);
@@ -32,36 +37,52 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
   const W* __restrict__ wg = static_cast<const W*>(p.w);
   const W* __restrict__ bg = static_cast<const W*>(p.b);
   RowReducer<A, 1> red{smem, tpr, lay.csize, row_in_cta};
+  Frag<W, VEC>* wcache = reinterpret_cast<Frag<W, VEC>*>(dyn_smem);
+  Frag<W, VEC>* bcache = wcache + NV * blockDim.x;
+  if constexpr (CACHE_WB)  // own slots only: no barrier
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = int64_t(i * stride + t) * VEC;
+      if (c >= n) continue;
+      if (wg) wcache[i * blockDim.x + threadIdx.x].load(wg + c);
+      if (bg) bcache[i * blockDim.x + threadIdx.x].load(bg + c);
+    }
 
   for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
     const int64_t row = base + row_in_cta;
     const bool live = row < p.rows;
-    Vec<T, VEC> x[NV];
+    Frag<T, VEC> x[NV];
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
-      if (live && c < n) x[i] = load_raw<T, VEC>(xg + row * p.x_stride + c);
-      else x[i] = zero_vec<T, VEC>();
+      if (live && c < n) x[i].load(xg + row * p.x_stride + c);
+      else x[i].zero();
     }
+    // One partial per access, added in order: NV independent chains.
     A mean = 0;
     if (!p.rms) {
       A s[1] = {0};
 #pragma unroll
-      for (int i = 0; i < NV; ++i)
+      for (int i = 0; i < NV; ++i) {
+        A si = 0;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) s[0] += to_acc(x[i].v[k]);
+        for (int k = 0; k < VEC; ++k) si += x[i].get(k);
+        s[0] += si;
+      }
       red.sum(s);
       mean = s[0] / A(n);
     }
     A q[1] = {0};
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const bool in = int64_t(i * stride + t) * VEC < n;
+      if (int64_t(i * stride + t) * VEC >= n) continue;  // padding: zeros, not x - mean
+      A qi = 0;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A d = in ? to_acc(x[i].v[k]) - mean : A(0);
-        q[0] += d * d;
+        const A d = x[i].get(k) - mean;
+        qi += d * d;
       }
+      q[0] += qi;
     }
     red.sum(q);
     const A rstd = rsqrt_acc(q[0] / A(n) + A(p.eps));
@@ -74,17 +95,20 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
       if (c >= n) continue;
-      A w[VEC], b[VEC], y[VEC];
-      if (wg) load_vec(wg + c, w);
-      else
+      Frag<W, VEC> w, b;
+      if constexpr (CACHE_WB) {
+        if (wg) w = wcache[i * blockDim.x + threadIdx.x];
+        if (bg) b = bcache[i * blockDim.x + threadIdx.x];
+      } else {
+        if (wg) w.load(wg + c);
+        if (bg) b.load(bg + c);
+      }
+      A y[VEC];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) w[k] = 1;
-      if (bg) load_vec(bg + c, b);
-      else
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) b[k] = 0;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) y[k] = (to_acc(x[i].v[k]) - mean) * rstd * w[k] + b[k];
+      for (int k = 0; k < VEC; ++k) {
+        const A xh = (x[i].get(k) - mean) * rstd;
+        y[k] = wg ? (bg ? xh * w.get(k) + b.get(k) : xh * w.get(k)) : (bg ? xh + b.get(k) : xh);
+      }
       store_vec(static_cast<T*>(p.y) + row * n + c, y);
     }
   }

@@ -24,20 +24,21 @@ fwd_split_stats_kernel(FwdParams p, int64_t nchunks, acc2_t<dacc_t<T>>* part) {
   const int64_t c = c0 + int64_t(threadIdx.x) * VEC;
   const int64_t count = (n - c0 < int64_t(blockDim.x) * VEC ? n - c0 : int64_t(blockDim.x) * VEC);
   for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
-    Vec<T, VEC> x = zero_vec<T, VEC>();
-    if (c < n) x = load_raw<T, VEC>(static_cast<const T*>(p.x) + row * p.x_stride + c);
+    Frag<T, VEC> x;
+    if (c < n) x.load(static_cast<const T*>(p.x) + row * p.x_stride + c);
+    else x.zero();
     A mean = 0;
     if (!p.rms) {
       A s[1] = {0};
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) s[0] += to_acc(x.v[k]);
+      for (int k = 0; k < VEC; ++k) s[0] += x.get(k);
       red.sum(s);
       mean = s[0] / A(count);
     }
     A q[1] = {0};
     if (c < n)
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) q[0] += (to_acc(x.v[k]) - mean) * (to_acc(x.v[k]) - mean);
+      for (int k = 0; k < VEC; ++k) q[0] += (x.get(k) - mean) * (x.get(k) - mean);
     red.sum(q);
     if (threadIdx.x == 0) part[row * nchunks + blockIdx.x] = {mean, q[0]};
   }
@@ -76,12 +77,13 @@ __global__ void __launch_bounds__(kSplitThreads) fwd_split_apply_kernel(FwdParam
 #pragma unroll
     for (int k = 0; k < VEC; ++k) b[k] = 0;
   for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
-    const Vec<T, VEC> x = load_raw<T, VEC>(static_cast<const T*>(p.x) + row * p.x_stride + c);
+    Frag<T, VEC> x;
+    x.load(static_cast<const T*>(p.x) + row * p.x_stride + c);
     const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[row];
     const A rstd = static_cast<const A*>(p.rstd)[row];
     A y[VEC];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) y[k] = (to_acc(x.v[k]) - mean) * rstd * w[k] + b[k];
+    for (int k = 0; k < VEC; ++k) y[k] = (x.get(k) - mean) * rstd * w[k] + b[k];
     store_vec(static_cast<T*>(p.y) + row * n + c, y);
   }
 }

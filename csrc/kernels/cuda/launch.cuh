@@ -104,12 +104,12 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
 
 // Instantiation chooser: the kernel holding NV accesses of VEC for the
 // smallest power of two NV >= nv that the register budget allows.
-template <typename DT, typename DW, int VEC, int NV = 1>
+template <typename DT, typename DW, int VEC, bool CACHE_WB, int NV = 1>
 auto pick_fwd(int nv) -> void (*)(FwdParams, RowLayout) {
-  if constexpr (NV >= max_accesses(false, VEC, sizeof(DT))) {
-    return &norm_fwd_kernel<DT, DW, VEC, NV>;
+  if constexpr (NV >= max_accesses(false, VEC, sizeof(DT), true)) {
+    return &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB>;
   } else {
-    return nv <= NV ? &norm_fwd_kernel<DT, DW, VEC, NV> : pick_fwd<DT, DW, VEC, NV * 2>(nv);
+    return nv <= NV ? &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB> : pick_fwd<DT, DW, VEC, CACHE_WB, NV * 2>(nv);
   }
 }
 
@@ -122,11 +122,25 @@ auto pick_bwd(int nv) -> void (*)(BwdParams, RowLayout, dacc_t<DT>*, dacc_t<DT>*
   }
 }
 
+// The register kernel a plan names.
+template <typename DT, typename DW>
+auto fwd_kernel_for(const Plan& pl) {
+  constexpr int V = 16 / sizeof(DT);
+  if (pl.vec == 1) return pick_fwd<DT, DW, 1, false>(pl.nv);
+  return pl.cache_wb ? pick_fwd<DT, DW, V, true>(pl.nv) : pick_fwd<DT, DW, V, false>(pl.nv);
+}
+
+template <typename DT, typename DW>
+auto bwd_kernel_for(const Plan& pl) {
+  return pl.vec > 1 ? pick_bwd<DT, DW, 16 / sizeof(DT)>(pl.nv) : pick_bwd<DT, DW, 1>(pl.nv);
+}
+
 template <typename T, typename W>
 Plan fwd_plan(const FwdParams& p, const DeviceInfo& dev) {
   using DT = device_t<T>;
   using DW = device_t<W>;
-  return make_plan(p.rows, p.cols, sizeof(DT), sizeof(dacc_t<DT>), fwd_vec_ok<DT, DW>(p), false, dev);
+  const int w_bytes = (p.w || p.b) ? int(sizeof(DW)) : 0;
+  return make_plan(p.rows, p.cols, sizeof(DT), sizeof(dacc_t<DT>), fwd_vec_ok<DT, DW>(p), false, dev, w_bytes);
 }
 
 // Split path shape: chunks of kSplitThreads accesses; rows of the grid.
@@ -157,14 +171,16 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   if (p.rows == 0) return cudaSuccess;
   const Plan pl = fwd_plan<T, W>(p, dev);
   if (use_register_kernel(pl, false)) {
-    auto kernel = pl.vec > 1 ? pick_fwd<DT, DW, 16 / sizeof(DT)>(pl.nv) : pick_fwd<DT, DW, 1>(pl.nv);
-    // One CTA (or cluster) per row group; a persistent grid of plain CTAs
-    // lost 4-10% on H200, while persistent clusters gained (43% -> 49%).
+    auto kernel = fwd_kernel_for<DT, DW>(pl);
+    // Clusters run a persistent grid (each walks many rows); plain CTAs one
+    // CTA per row group (a persistent grid of them lost 4-10% on H200).
+    const size_t smem = pl.cache_wb ? size_t(wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW))) : 0;
     int64_t groups = pl.groups < INT32_MAX / pl.csize ? pl.groups : INT32_MAX / pl.csize;
-    const int resident = pl.csize > 1 ? resident_groups(kernel, dev, pl.cta_threads, pl.csize, 0) : 1;
+    const bool persistent = pl.csize > 1;
+    const int resident = persistent ? resident_groups(kernel, dev, pl.cta_threads, pl.csize, smem) : 1;
     if (resident > 0) {
-      if (pl.csize > 1 && resident < groups) groups = resident;
-      return launch(kernel, dim3(unsigned(groups * pl.csize)), dim3(pl.cta_threads), 0, pl.csize, stream, p,
+      if (persistent && resident < groups) groups = resident;
+      return launch(kernel, dim3(unsigned(groups * pl.csize)), dim3(pl.cta_threads), smem, pl.csize, stream, p,
                     RowLayout{pl.tpr, pl.csize});
     }
   }
@@ -206,7 +222,7 @@ BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
   s.plan = make_plan(p.rows, p.cols, sizeof(DT), sizeof(A), bwd_vec_ok<DT, DW>(p), true, dev);
   const Plan& pl = s.plan;
   if (use_register_kernel(pl, true)) {
-    auto kernel = pl.vec > 1 ? pick_bwd<DT, DW, 16 / sizeof(DT)>(pl.nv) : pick_bwd<DT, DW, 1>(pl.nv);
+    auto kernel = bwd_kernel_for<DT, DW>(pl);
     s.dyn_smem = (p.dw || p.db) ? size_t(bwd_partials_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(A))) : 0;
     const int resident = resident_groups(kernel, dev, pl.cta_threads, pl.csize, s.dyn_smem);
     if (resident > 0) {
@@ -279,7 +295,7 @@ cudaError_t norm_bwd(const BwdParams& p, const DeviceInfo& dev, cudaStream_t str
   cudaError_t e = cudaSuccess;
   if (s.registers) {
     const Plan& pl = s.plan;
-    auto kernel = pl.vec > 1 ? pick_bwd<DT, DW, 16 / sizeof(DT)>(pl.nv) : pick_bwd<DT, DW, 1>(pl.nv);
+    auto kernel = bwd_kernel_for<DT, DW>(pl);
     e = launch(kernel, dim3(unsigned(s.grid)), dim3(pl.cta_threads), s.dyn_smem, pl.csize, stream, p,
                RowLayout{pl.tpr, pl.csize}, ws.part_w, ws.part_b);
   } else {
