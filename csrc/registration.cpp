@@ -1,8 +1,8 @@
 // The one registration file: every schema is defined here once, and each
 // backend (CPU, CUDA, Meta, Autograd, CompositeExplicitAutograd) supplies its
 // kernels.  Loading the extension's shared library runs these registrations.
-#include <Python.h>
 #include <torch/library.h>
+#include <torch/python.h>
 
 #include "torch/norm_ops.h"
 
@@ -56,8 +56,12 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CompositeExplicitAutograd, m) {
 }
 
 // `import fused_layernorm._C` loads this library (and so the registrations).
-PyMODINIT_FUNC PyInit__C(void) {
-  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fused_layernorm ops (registered with torch)",
-                                      -1, nullptr};
-  return PyModule_Create(&module);
+// Its two functions are the eager fast path of fused_layernorm.functional:
+// the same ops through the dispatcher, without the boxed torch.ops call.
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "fused_layernorm ops (registered with torch as torch.ops.fused_layernorm)";
+  m.def("layer_norm", [](const Tensor& input, std::vector<int64_t> shape, const OptTensor& w, const OptTensor& b,
+                         double eps) { return layer_norm_call(input, shape, w, b, eps); });
+  m.def("rms_norm", [](const Tensor& input, std::vector<int64_t> shape, const OptTensor& w,
+                       std::optional<double> eps) { return rms_norm_call(input, shape, w, eps); });
 }

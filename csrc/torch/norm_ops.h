@@ -90,4 +90,10 @@ Tensor layer_norm_composite(const Tensor& input, at::IntArrayRef shape, const Op
 Tensor rms_norm_composite(const Tensor& input, at::IntArrayRef shape, const OptTensor& w,
                           std::optional<double> eps);
 
+// The differentiable ops called through the dispatcher from C++: Python's
+// fast path (bound in registration.cpp), cheaper than a boxed torch.ops call.
+Tensor layer_norm_call(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b,
+                       double eps);
+Tensor rms_norm_call(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, std::optional<double> eps);
+
 }  // namespace fln::glue
