@@ -102,8 +102,9 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
     if (p.dx == nullptr) continue;  // uniform: no reduction needed
     red.sum(s);
     if (!live) continue;
-    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) = g * rstd - (xhat * c1 + c0)
-    const A c1 = s[0] * inv_n * rstd, c0 = p.rms ? A(0) : s[1] * inv_n * rstd;
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    //    = g * rstd - ((x - mean) * c1 + c0),  c1 = rstd^2 mean(g xhat), c0 = rstd mean(g)
+    const A c1 = s[0] * inv_n * rstd * rstd, c0 = p.rms ? A(0) : s[1] * inv_n * rstd;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
@@ -111,8 +112,8 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
       A dx[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A xh = (x[i].get(k) - mean) * rstd;
-        dx[k] = dy[i].get(k) * w[i].get(k) * rstd - (xh * c1 + c0);
+        const A t0 = (x[i].get(k) - mean) * c1 + c0;
+        dx[k] = dy[i].get(k) * w[i].get(k) * rstd - t0;
       }
       store_vec(static_cast<T*>(p.dx) + row * n + c, dx);
     }

@@ -160,8 +160,9 @@ inline SplitShape split_shape(int64_t rows, int64_t cols, int vec) {
 // Which rows take the register kernels (the rest take the split paths), from
 // H200 measurements (docs/performance.md): the forward keeps clusters of up
 // to 16 CTAs (bf16 65536: 48% of copy bandwidth, split 34%); the backward
-// keeps at most 2 (bf16 131072: 16-CTA clusters 29%, split 43%).
-inline bool use_register_kernel(const Plan& pl, bool bwd) { return pl.registers && (!bwd || pl.csize <= 2); }
+// keeps at most 4 (fp32 16384: 4 CTAs 61%, split 53%; bf16 65536: 8 CTAs
+// 45%, split 47%; bf16 131072: 16 CTAs 33%, split 45%).
+inline bool use_register_kernel(const Plan& pl, bool bwd) { return pl.registers && (!bwd || pl.csize <= 4); }
 
 template <typename T, typename W>
 cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream, Workspace ws) {
@@ -173,7 +174,7 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   if (use_register_kernel(pl, false)) {
     auto kernel = fwd_kernel_for<DT, DW>(pl);
     // Clusters run a persistent grid (each walks many rows); plain CTAs one
-    // CTA per row group (a persistent grid of them lost 4-10% on H200).
+    // CTA per row group (persistent plain grids lost on H200, twice: v3a, v4h).
     const size_t smem = pl.cache_wb ? size_t(wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW))) : 0;
     int64_t groups = pl.groups < INT32_MAX / pl.csize ? pl.groups : INT32_MAX / pl.csize;
     const bool persistent = pl.csize > 1;
