@@ -1,9 +1,9 @@
 // Forward kernel, row held in registers.  `tpr` threads of a CTA (times
 // `csize` CTAs of a cluster for the largest rows) own one row; each thread
-// keeps NV vectors of VEC elements in the storage dtype (half the registers
-// of fp32 for 16-bit types, so twice the bytes in flight), and x is read from
-// global memory exactly once.  Mean, then variance over the registers (two passes over on-chip
-// data), then y is written.  Rows are visited in a grid-stride loop whose
+// keeps NV accesses of VEC elements in the storage dtype (Frag: 16-bit types
+// packed two to a register), and x is read from global memory exactly once.
+// Mean, then variance over the registers (two passes over on-chip data), then
+// y is written.  Rows are visited in a grid-stride loop whose
 // trip count is uniform across a CTA and its cluster, so every thread takes
 // part in every barrier.
 #pragma once
@@ -13,7 +13,7 @@
 namespace fln::cuda {
 
 struct RowLayout {
-  int tpr;    // threads of one CTA on a row (power of two)
+  int tpr;    // threads of one CTA on a row (a power of two up to 32, else whole warps)
   int csize;  // CTAs of a cluster on a row (1 without clusters)
 };
 
