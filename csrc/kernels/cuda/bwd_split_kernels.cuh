@@ -1,4 +1,4 @@
-// Split-row backward, for rows longer than two CTAs hold (or longer than one
+// Split-row backward, for rows longer than four CTAs hold (or longer than one
 // CTA before sm_90).  Each row is cut into column chunks of one CTA each:
 //   1. bwd_split_sums_kernel: per (row, chunk), sum(g * xhat) and sum(g);
 //   2. bwd_split_rowsum_kernel: per row, the chunk sums in chunk order;
@@ -23,6 +23,20 @@ __device__ __forceinline__ void load_weight_chunk(const BwdParams& p, int64_t c,
     for (int k = 0; k < VEC; ++k) w[k] = 1;
 }
 
+// One (row, chunk) access of x and dy with the row's statistics.
+template <typename T, int VEC>
+struct RowChunk {
+  Frag<T, VEC> x, dy;
+  dacc_t<T> mean, rstd;
+  __device__ __forceinline__ RowChunk(const BwdParams& p, int64_t row, int64_t c) {
+    using A = dacc_t<T>;
+    x.load(static_cast<const T*>(p.x) + row * p.x_stride + c);
+    dy.load(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
+    mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[row];
+    rstd = static_cast<const A*>(p.rstd)[row];
+  }
+};
+
 template <typename T, typename W, int VEC>
 __global__ void __launch_bounds__(kSplitThreads)
 bwd_split_sums_kernel(BwdParams p, int64_t nchunks, acc2_t<dacc_t<T>>* part) {
@@ -35,16 +49,11 @@ bwd_split_sums_kernel(BwdParams p, int64_t nchunks, acc2_t<dacc_t<T>>* part) {
   for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
     A s[2] = {0, 0};
     if (c < p.cols) {
-      Frag<T, VEC> x;
-    x.load(static_cast<const T*>(p.x) + row * p.x_stride + c);
-      Frag<T, VEC> dy;
-    dy.load(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
-      const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[row];
-      const A rstd = static_cast<const A*>(p.rstd)[row];
+      const RowChunk<T, VEC> r(p, row, c);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A g = dy.get(k) * w[k];
-        s[0] += g * (x.get(k) - mean) * rstd;
+        const A g = r.dy.get(k) * w[k];
+        s[0] += g * (r.x.get(k) - r.mean) * r.rstd;
         s[1] += g;
       }
     }
@@ -79,12 +88,8 @@ bwd_split_dx_kernel(BwdParams p, const acc2_t<dacc_t<T>>* __restrict__ rowsum, d
 #pragma unroll
   for (int k = 0; k < VEC; ++k) acc_w[k] = acc_b[k] = 0;
   for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
-    Frag<T, VEC> x;
-    x.load(static_cast<const T*>(p.x) + row * p.x_stride + c);
-    Frag<T, VEC> dy;
-    dy.load(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
-    const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[row];
-    const A rstd = static_cast<const A*>(p.rstd)[row];
+    const RowChunk<T, VEC> r(p, row, c);
+    const A rstd = r.rstd;
     A c_gx = 0, c_g = 0;
     if (p.dx) {
       c_gx = rowsum[row].x * inv_n;
@@ -93,7 +98,7 @@ bwd_split_dx_kernel(BwdParams p, const acc2_t<dacc_t<T>>* __restrict__ rowsum, d
     A dx[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const A xh = (x.get(k) - mean) * rstd, d = dy.get(k);
+      const A xh = (r.x.get(k) - r.mean) * rstd, d = r.dy.get(k);
       acc_w[k] += d * xh;
       acc_b[k] += d;
       dx[k] = rstd * (d * w[k] - c_g - xh * c_gx);
