@@ -21,6 +21,10 @@ if [ -z "${FLN_GIT_COMMIT:-}" ] && ! git rev-parse --verify -q HEAD >/dev/null 2
   echo "gpu-check: no git history here; run as FLN_GIT_COMMIT=\$(git rev-parse HEAD) FLN_GIT_DIRTY=0|1 make gpu-check" >&2
   exit 2
 fi
+if [ -n "${FLN_GIT_COMMIT:-}" ] && ! [[ "$FLN_GIT_COMMIT" =~ ^[0-9a-fA-F]{40}$ ]]; then
+  echo "gpu-check: FLN_GIT_COMMIT must be the full 40-digit commit (git rev-parse HEAD), got '$FLN_GIT_COMMIT'" >&2
+  exit 2
+fi
 
 echo "== build"
 MAX_JOBS=${MAX_JOBS:-16} $PY -m pip install --no-build-isolation --no-deps -e . >"$LOG/build.log" 2>&1 \

@@ -66,9 +66,10 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() and not a.cpu else "cpu"
     gpu = device == "cuda"
     env = report.environment(device)
-    if a.results and not env["git_commit"]:
-        print("--results needs the commit being measured: run from a git checkout, or set "
-              "FLN_GIT_COMMIT (and FLN_GIT_DIRTY=0|1)", file=sys.stderr)
+    if a.results and not report.is_full_commit(env["git_commit"]):
+        print("--results needs the full 40-digit commit being measured: run from a git checkout, or set "
+              "FLN_GIT_COMMIT=$(git rev-parse HEAD) (and FLN_GIT_DIRTY=0|1); "
+              f"got {env['git_commit']!r}", file=sys.stderr)
         return 2
     print(f"fused_layernorm bench: {device}" + (f" ({env['gpu_name']}, {env['sm_count']} SMs)" if gpu else
           f" ({env['cpu_threads']} threads)") + f", torch {env['torch_version']}, git {env['git_commit']}"

@@ -166,6 +166,11 @@ def _git(args: List[str], cwd: Path) -> Optional[str]:
     return p.stdout if p.returncode == 0 else None
 
 
+def is_full_commit(commit) -> bool:
+    """A whole git object name (40 hex digits): a prefix may stop being unique."""
+    return bool(commit) and len(commit) == 40 and all(ch in "0123456789abcdef" for ch in commit.lower())
+
+
 def environment(device: str) -> dict:
     repo = Path(__file__).resolve().parents[2]
     commit = _git(["rev-parse", "HEAD"], repo)
