@@ -24,6 +24,25 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
   }
   EXPECT_EQ(p.vec, vec_ok ? 16 / elem : 1);
   EXPECT_GE(int64_t(p.tpr) * p.csize * p.nv * p.vec, cols);          // covers the row
+  if (p.x_smem) {  // row in shared memory: forward, 16-byte accesses, one row per CTA
+    const XSmemTuning xs;
+    EXPECT_FALSE(bwd);
+    EXPECT_TRUE(vec_ok);
+    EXPECT_GE(cols * elem, xs.min_row_bytes);
+    EXPECT_FALSE(p.cache_wb);
+    EXPECT_EQ(p.tpr, p.cta_threads);
+    EXPECT_EQ(p.cta_threads % 32, 0);
+    EXPECT_LE(p.cta_threads, kMaxCta);
+    EXPECT_LE(p.nv, kXSmemMaxNv);
+    EXPECT_LE(x_smem_bytes(p.cta_threads, p.nv), xs.slice_bytes);  // at most one slice a CTA
+    EXPECT_LE(p.csize, 16);
+    if (p.csize > 1) EXPECT_GE(cc, 9);
+    EXPECT_EQ(p.groups, 1000);
+    // Only where registers would keep too little in flight.
+    const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, elem);
+    EXPECT_LT(register_inflight(r, cols, elem), xs.max_inflight);
+    return;
+  }
   EXPECT_LE(p.nv, max_accesses(bwd, p.vec, elem, true));              // register budget
   // The larger forward budget only where a row would otherwise need a cluster.
   if (p.nv > max_accesses(bwd, p.vec, elem))
@@ -71,6 +90,33 @@ TEST(LaunchPlan, BenchmarkSizesUseRegistersOnHopper) {
     EXPECT_TRUE(make_plan(1 << 20, cols, 2, 4, true, true, dev).registers) << cols;
   }
   EXPECT_TRUE(make_plan(512, 262144, 2, 4, true, false, dev).registers);
+}
+
+TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {
+  DeviceInfo dev;
+  dev.cc_major = 9;
+  // bf16 12288: registers would run 384-thread CTAs, two per SM (48 KB in
+  // flight); shared memory holds the row, 192 threads with 8 accesses each.
+  const Plan a = make_plan(1 << 14, 12288, 2, 4, true, false, dev, 2);
+  EXPECT_TRUE(a.x_smem);
+  EXPECT_EQ(a.csize, 1);
+  EXPECT_EQ(a.cta_threads, 192);
+  EXPECT_EQ(a.nv, 8);
+  // bf16 24576: 48 KB rows, two CTAs of 24 KB in a cluster.
+  const Plan b = make_plan(1 << 12, 24576, 2, 4, true, false, dev, 2);
+  EXPECT_TRUE(b.x_smem);
+  EXPECT_EQ(b.csize, 2);
+  // Kept in registers: bf16 16384 (64 KB in flight), short rows, fp32 12288
+  // (128 bytes a thread), unaligned rows, the backward, and sm_80 clusters.
+  EXPECT_FALSE(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 16, 2560, 2, 4, true, false, dev, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 14, 12288, 4, 4, true, false, dev, 4).x_smem);
+  EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, false, false, dev, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, true, true, dev, 2).x_smem);
+  DeviceInfo a100;
+  a100.cc_major = 8;
+  EXPECT_TRUE(make_plan(1 << 14, 12288, 2, 4, true, false, a100, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 12, 24576, 2, 4, true, false, a100, 2).x_smem);
 }
 
 TEST(LaunchPlan, LongRowsTakeFewerCtas) {

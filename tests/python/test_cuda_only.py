@@ -88,8 +88,10 @@ def test_misaligned_pointers(kind, dtype, hidden, layout, seed):
 
 # --- hidden-size and row-count sweeps -------------------------------------------
 
-SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 1000, 1023, 1024, 1025, 4096, 5120, 7168, 8191, 12288,
-                16384, 32768, 65536, 65537, 131072, 262144]
+# 6144-49152 include rows held in shared memory (fp32 6144, bf16 12288, and
+# 24576 / 49152 in clusters).
+SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 1000, 1023, 1024, 1025, 4096, 5120, 6144, 7168, 8191, 12288,
+                14336, 16384, 24576, 32768, 49152, 65536, 65537, 131072, 262144]
 
 
 def _rows_for(hidden):
@@ -111,6 +113,15 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     """Enough rows that each persistent cluster walks several, reusing its
     weight/bias slice (cached in shared memory for 16-bit inputs)."""
     check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
+
+
+@kinds
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [256, 1024, 4096])
+def test_backward_many_rows_per_cta(kind, dtype, hidden, seed):
+    """Each persistent backward CTA walks many rows, loading the next row while
+    it finishes the current one; an odd row count leaves a partial last step."""
+    check(make_inputs(kind, (8191, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
 @kinds

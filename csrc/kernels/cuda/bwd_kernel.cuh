@@ -22,8 +22,12 @@ struct alignas(sizeof(A) * (VEC % 2 == 0 ? 4 : 2)) PartialSlot {
   A dw[kElems], db[kElems];
 };
 
-template <typename T, typename W, int VEC, int NV>
-__global__ void __launch_bounds__(kMaxCtaThreads, 2)
+// PREFETCH: the loads of the CTA's next row are issued before the current
+// row is reduced and written, into a second set of registers, so a thread has
+// two rows in flight; the register cap is relaxed to 128 to hold them (one
+// 512-thread CTA per SM, or more of smaller CTAs).
+template <typename T, typename W, int VEC, int NV, bool PREFETCH = false>
+__global__ void __launch_bounds__(kMaxCtaThreads, PREFETCH ? 1 : 2)
 norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b) {
   using A = dacc_t<T>;
   using Slot = PartialSlot<A, VEC>;
@@ -60,23 +64,42 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
 #pragma unroll
     for (int e = 0; e < NV * kSlots; ++e) acc[e * cta + threadIdx.x] = Slot{};
 
-  for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
-    const int64_t row = base + row_in_cta;
+  // One row's inputs, in the storage dtype (zeros past the row or the rows).
+  struct RowIn {
+    Frag<T, VEC> x[NV], dy[NV];
+    A mean, rstd;
+  };
+  auto load_row = [&](int64_t row, RowIn& r) {
     const bool live = row < p.rows;
-    Frag<T, VEC> x[NV], dy[NV];  // the row, in the storage dtype
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
       if (!live || c >= n) {
-        x[i].zero();
-        dy[i].zero();
+        r.x[i].zero();
+        r.dy[i].zero();
       } else {
-        x[i].load(xg + row * p.x_stride + c);
-        dy[i].load(dyg + row * p.dy_stride + c);
+        r.x[i].load(xg + row * p.x_stride + c);
+        r.dy[i].load(dyg + row * p.dy_stride + c);
       }
     }
-    const A mean = (live && !p.rms) ? static_cast<const A*>(p.mean)[row] : A(0);
-    const A rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
+    r.mean = (live && !p.rms) ? static_cast<const A*>(p.mean)[row] : A(0);
+    r.rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
+  };
+  RowIn cur, next;
+  if constexpr (PREFETCH) load_row(group * rpc + row_in_cta, next);
+
+  for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
+    const int64_t row = base + row_in_cta;
+    const bool live = row < p.rows;
+    if constexpr (PREFETCH) {
+      cur = next;
+      load_row(base + ngroups * rpc + row_in_cta, next);
+    } else {
+      load_row(row, cur);
+    }
+    const Frag<T, VEC>* x = cur.x;
+    const Frag<T, VEC>* dy = cur.dy;
+    const A mean = cur.mean, rstd = cur.rstd;
     A s[2] = {0, 0};  // sum(g * xhat), sum(g) with g = dy * w
 #pragma unroll
     for (int i = 0; i < NV; ++i) {

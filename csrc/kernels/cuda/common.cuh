@@ -109,6 +109,24 @@ struct Frag<T, VEC, true> {
   }
 };
 
+// 16 bytes global -> shared memory without passing through registers
+// (cp.async, sm_80+; a plain copy before).  The data is visible to the
+// issuing thread after cp_async_wait_all().
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 // Loads VEC elements of T converted to the accumulation type A.
 template <typename A, typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T* p, A (&out)[VEC]) {

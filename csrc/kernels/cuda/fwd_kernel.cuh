@@ -21,8 +21,20 @@ struct RowLayout {
 // bias into shared memory once, [access][thread], and reads it back for every
 // row, instead of re-reading it from L2 (long rows do not stay in L1).  Takes
 // 2 * NV * blockDim.x * VEC * sizeof(W) bytes of dynamic shared memory.
-template <typename T, typename W, int VEC, int NV, bool CACHE_WB>
+//
+// X_SMEM (16-byte accesses, one row per CTA, no CACHE_WB): the row is kept
+// in shared memory instead of registers, in the same [access][thread] slots,
+// copied there with cp.async.  Each thread reads back only the slots it
+// copied, so no barrier is needed.  Shared memory holds more of a row than
+// the registers can (more rows in flight per SM), at one shared-memory load
+// per access and pass.  Takes nv * blockDim.x * 16 bytes (nv = p's accesses
+// per thread, at most NV).
+template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM = false>
 __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p, RowLayout lay) {
+  static_assert(!(X_SMEM && CACHE_WB), "one use of the dynamic shared memory at a time");
+  // Registers must be indexed by constants (full unroll); the shared-memory
+  // loops are unrolled by 4, or their per-access addresses would all stay live.
+  constexpr int kUnroll = X_SMEM && NV > 4 ? 4 : NV;
   using A = dacc_t<T>;
   __shared__ ReduceSmem<A, 1> smem;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
@@ -51,35 +63,49 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
   for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
     const int64_t row = base + row_in_cta;
     const bool live = row < p.rows;
-    Frag<T, VEC> x[NV];
-#pragma unroll
+    Frag<T, VEC> xr[X_SMEM ? 1 : NV];
+    Frag<T, VEC>* xs = reinterpret_cast<Frag<T, VEC>*>(dyn_smem) + threadIdx.x;  // X_SMEM slots
+#pragma unroll kUnroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
-      if (live && c < n) x[i].load(xg + row * p.x_stride + c);
-      else x[i].zero();
+      if constexpr (X_SMEM) {
+        if (live && c < n) cp_async16(xs + i * blockDim.x, xg + row * p.x_stride + c);
+      } else {
+        if (live && c < n) xr[i].load(xg + row * p.x_stride + c);
+        else xr[i].zero();
+      }
     }
+    if constexpr (X_SMEM) cp_async_wait_all();
+    auto x = [&](int i) -> Frag<T, VEC> {
+      if constexpr (X_SMEM) return xs[i * blockDim.x];
+      else return xr[i];
+    };
     // One partial per access, added in order: NV independent chains.
     A mean = 0;
     if (!p.rms) {
       A s[1] = {0};
-#pragma unroll
+#pragma unroll kUnroll
       for (int i = 0; i < NV; ++i) {
+        if (X_SMEM && (!live || int64_t(i * stride + t) * VEC >= n)) continue;  // unwritten slots
+        const Frag<T, VEC> xi = x(i);
         A si = 0;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) si += x[i].get(k);
+        for (int k = 0; k < VEC; ++k) si += xi.get(k);
         s[0] += si;
       }
       red.sum(s);
       mean = s[0] / A(n);
     }
     A q[1] = {0};
-#pragma unroll
+#pragma unroll kUnroll
     for (int i = 0; i < NV; ++i) {
       if (int64_t(i * stride + t) * VEC >= n) continue;  // padding: zeros, not x - mean
+      if (X_SMEM && !live) continue;
+      const Frag<T, VEC> xi = x(i);
       A qi = 0;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A d = x[i].get(k) - mean;
+        const A d = xi.get(k) - mean;
         qi += d * d;
       }
       q[0] += qi;
@@ -91,7 +117,7 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
       if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
     }
     if (!live) continue;
-#pragma unroll
+#pragma unroll kUnroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
       if (c >= n) continue;
@@ -103,10 +129,11 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
         if (wg) w.load(wg + c);
         if (bg) b.load(bg + c);
       }
+      const Frag<T, VEC> xi = x(i);
       A y[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A xh = (x[i].get(k) - mean) * rstd;
+        const A xh = (xi.get(k) - mean) * rstd;
         y[k] = wg ? (bg ? xh * w.get(k) + b.get(k) : xh * w.get(k)) : (bg ? xh + b.get(k) : xh);
       }
       store_vec(static_cast<T*>(p.y) + row * n + c, y);

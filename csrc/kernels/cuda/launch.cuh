@@ -104,35 +104,41 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
 
 // Instantiation chooser: the kernel holding NV accesses of VEC for the
 // smallest power of two NV >= nv that the register budget allows.
-template <typename DT, typename DW, int VEC, bool CACHE_WB, int NV = 1>
+template <typename DT, typename DW, int VEC, bool CACHE_WB, bool X_SMEM = false, int NV = 1>
 auto pick_fwd(int nv) -> void (*)(FwdParams, RowLayout) {
-  if constexpr (NV >= max_accesses(false, VEC, sizeof(DT), true)) {
-    return &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB>;
+  constexpr int kMax = X_SMEM ? kXSmemMaxNv : max_accesses(false, VEC, sizeof(DT), true);
+  if constexpr (NV >= kMax) {
+    return &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM>;
   } else {
-    return nv <= NV ? &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB> : pick_fwd<DT, DW, VEC, CACHE_WB, NV * 2>(nv);
+    return nv <= NV ? &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM>
+                    : pick_fwd<DT, DW, VEC, CACHE_WB, X_SMEM, NV * 2>(nv);
   }
 }
 
-template <typename DT, typename DW, int VEC, int NV = 1>
+template <typename DT, typename DW, int VEC, bool PF, int NV = 1>
 auto pick_bwd(int nv) -> void (*)(BwdParams, RowLayout, dacc_t<DT>*, dacc_t<DT>*) {
   if constexpr (NV >= max_accesses(true, VEC, sizeof(DT))) {
-    return &norm_bwd_kernel<DT, DW, VEC, NV>;
+    return &norm_bwd_kernel<DT, DW, VEC, NV, PF>;
   } else {
-    return nv <= NV ? &norm_bwd_kernel<DT, DW, VEC, NV> : pick_bwd<DT, DW, VEC, NV * 2>(nv);
+    return nv <= NV ? &norm_bwd_kernel<DT, DW, VEC, NV, PF> : pick_bwd<DT, DW, VEC, PF, NV * 2>(nv);
   }
 }
+
 
 // The register kernel a plan names.
 template <typename DT, typename DW>
 auto fwd_kernel_for(const Plan& pl) {
   constexpr int V = 16 / sizeof(DT);
   if (pl.vec == 1) return pick_fwd<DT, DW, 1, false>(pl.nv);
+  if (pl.x_smem) return pick_fwd<DT, DW, V, false, true>(pl.nv);
   return pl.cache_wb ? pick_fwd<DT, DW, V, true>(pl.nv) : pick_fwd<DT, DW, V, false>(pl.nv);
 }
 
 template <typename DT, typename DW>
-auto bwd_kernel_for(const Plan& pl) {
-  return pl.vec > 1 ? pick_bwd<DT, DW, 16 / sizeof(DT)>(pl.nv) : pick_bwd<DT, DW, 1>(pl.nv);
+auto bwd_kernel_for(const Plan& pl, bool prefetch) {
+  constexpr int V = 16 / sizeof(DT);
+  if (pl.vec == 1) return pick_bwd<DT, DW, 1, false>(pl.nv);
+  return prefetch ? pick_bwd<DT, DW, V, true>(pl.nv) : pick_bwd<DT, DW, V, false>(pl.nv);
 }
 
 template <typename T, typename W>
@@ -173,12 +179,15 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   const Plan pl = fwd_plan<T, W>(p, dev);
   if (use_register_kernel(pl, false)) {
     auto kernel = fwd_kernel_for<DT, DW>(pl);
-    // Clusters run a persistent grid (each walks many rows); plain CTAs one
-    // CTA per row group (persistent plain grids lost on H200, twice: v3a, v4h).
-    const size_t smem = pl.cache_wb ? size_t(wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW))) : 0;
+    // Register clusters run a persistent grid (each walks many rows); plain
+    // CTAs and rows in shared memory one CTA (or cluster) per row group
+    // (persistent plain grids lost on H200, twice: v3a, v4h).
+    const size_t smem = pl.x_smem     ? size_t(x_smem_bytes(pl.cta_threads, pl.nv))
+                        : pl.cache_wb ? size_t(wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW)))
+                                      : 0;
     int64_t groups = pl.groups < INT32_MAX / pl.csize ? pl.groups : INT32_MAX / pl.csize;
-    const bool persistent = pl.csize > 1;
-    const int resident = persistent ? resident_groups(kernel, dev, pl.cta_threads, pl.csize, smem) : 1;
+    const bool persistent = pl.csize > 1 && !pl.x_smem;
+    const int resident = persistent || smem > 0 ? resident_groups(kernel, dev, pl.cta_threads, pl.csize, smem) : 1;
     if (resident > 0) {
       if (persistent && resident < groups) groups = resident;
       return launch(kernel, dim3(unsigned(groups * pl.csize)), dim3(pl.cta_threads), smem, pl.csize, stream, p,
@@ -202,10 +211,13 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   return e;
 }
 
+constexpr int kPrefetchMinThreadsPerSm = 512;
+
 // Backward launch shape: the path, its grid and its scratch.
 struct BwdShape {
   Plan plan;
   bool registers;      // register kernel; else the split-row kernels
+  bool prefetch;       // register kernel: the next-row prefetch variant
   int64_t grid;        // register kernel: CTAs
   int64_t nparts;      // dweight/dbias partial rows
   size_t dyn_smem;     // register kernel
@@ -223,8 +235,17 @@ BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
   s.plan = make_plan(p.rows, p.cols, sizeof(DT), sizeof(A), bwd_vec_ok<DT, DW>(p), true, dev);
   const Plan& pl = s.plan;
   if (use_register_kernel(pl, true)) {
-    auto kernel = bwd_kernel_for<DT, DW>(pl);
     s.dyn_smem = (p.dw || p.db) ? size_t(bwd_partials_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(A))) : 0;
+    // The prefetch variant holds two rows a thread but fits fewer threads per
+    // SM.  It is taken where it still keeps 512 threads per SM busy, without
+    // clusters (H200: bf16 1024 82 -> 87%, 4096 75 -> 79%; at 3072 and 5120,
+    // with 384 and 320 threads per SM, it lost 4 and 13 points).
+    s.prefetch = false;
+    if (pl.csize == 1 && pl.vec > 1) {
+      const int r = resident_groups(bwd_kernel_for<DT, DW>(pl, true), dev, pl.cta_threads, 1, s.dyn_smem);
+      s.prefetch = int64_t(r) * pl.cta_threads >= int64_t(kPrefetchMinThreadsPerSm) * dev.sm_count;
+    }
+    auto kernel = bwd_kernel_for<DT, DW>(pl, s.prefetch);
     const int resident = resident_groups(kernel, dev, pl.cta_threads, pl.csize, s.dyn_smem);
     if (resident > 0) {
       s.registers = true;
@@ -296,7 +317,7 @@ cudaError_t norm_bwd(const BwdParams& p, const DeviceInfo& dev, cudaStream_t str
   cudaError_t e = cudaSuccess;
   if (s.registers) {
     const Plan& pl = s.plan;
-    auto kernel = bwd_kernel_for<DT, DW>(pl);
+    auto kernel = bwd_kernel_for<DT, DW>(pl, s.prefetch);
     e = launch(kernel, dim3(unsigned(s.grid)), dim3(pl.cta_threads), s.dyn_smem, pl.csize, stream, p,
                RowLayout{pl.tpr, pl.csize}, ws.part_w, ws.part_b);
   } else {

@@ -21,7 +21,34 @@ struct Plan {
   int rows_per_cta = 1;
   int64_t groups = 0;     // row groups (CTAs, or clusters) in the grid, before any persistence cap
   bool cache_wb = false;  // forward clusters: weight and bias slices kept in shared memory
+  bool x_smem = false;    // forward: the row is kept in shared memory, not registers
 };
+
+// Forward rows kept in shared memory (Plan::x_smem).  A register plan keeps
+// at most 64K registers of 64 per thread busy on an SM, and CTAs of 384 or
+// 448 threads leave a quarter or an eighth of that idle: too few bytes of rows
+// in flight.  Rows of at least min_row_bytes whose register plan keeps less
+// than max_inflight bytes in flight per SM are held in shared memory instead,
+// each CTA holding at most slice_bytes of its row (a cluster past that), with
+// about nv 16-byte accesses a thread.  H200, % of copy bandwidth, LN / RMS:
+// bf16 12288 68 / 78 -> 75 / 88, bf16 24576 44 / 53 -> 61 / 74, fp32 6144
+// 75 / 84 -> 86 / 91.  Shorter rows lost up to 6 points, and rows that keep
+// 64 KB in flight in registers gained nothing (docs/performance.md, v5b).
+struct XSmemTuning {
+  int64_t min_row_bytes = 12 * 1024;
+  int64_t max_inflight = 64 * 1024;
+  int64_t slice_bytes = 32 * 1024;
+  int nv = 8;
+};
+constexpr int kXSmemMaxNv = 32;
+
+inline int64_t x_smem_bytes(int cta_threads, int nv) { return int64_t(cta_threads) * nv * 16; }
+
+// Shared memory of the forward's weight and bias cache (Plan::cache_wb);
+// w_bytes is the weight's element size, 0 without weight and bias.
+constexpr int64_t wb_cache_smem(int cta_threads, int nv, int vec, int w_bytes) {
+  return 2 * int64_t(cta_threads) * nv * vec * w_bytes;
+}
 
 // Accesses of `vec` elements a thread may hold per row.  Forward: 64 bytes of
 // x in the storage dtype (four 16-byte loads in flight).  For 4- and 8-byte
@@ -44,11 +71,6 @@ constexpr int64_t bwd_partials_smem(int cta_threads, int nv, int vec, int acc_by
   return int64_t(cta_threads) * nv * vec * 2 * acc_bytes;
 }
 
-// Shared memory of the forward's weight and bias cache (Plan::cache_wb);
-// w_bytes is the weight's element size, 0 without weight and bias.
-constexpr int64_t wb_cache_smem(int cta_threads, int nv, int vec, int w_bytes) {
-  return 2 * int64_t(cta_threads) * nv * vec * w_bytes;
-}
 // At most this much, so that two CTAs still share an SM.
 constexpr int64_t kWbCacheMax = 100 * 1024;
 
@@ -62,10 +84,55 @@ inline int next_pow2(int64_t v) {
   return p;
 }
 
+// The shared-memory forward plan (Plan::x_smem), or registers == false if
+// the row does not fit it.
+inline Plan x_smem_plan(int64_t rows, int64_t cols, int elem_bytes, const DeviceInfo& dev, const XSmemTuning& xs) {
+  Plan p;
+  p.x_smem = true;
+  p.vec = 16 / elem_bytes;
+  const int64_t nvec = (cols + p.vec - 1) / p.vec;
+  const int64_t per_slice = xs.slice_bytes / 16;
+  const int64_t cs = (nvec + per_slice - 1) / per_slice;
+  if (dev.cc_major < 8 || (cs > 1 && (dev.cc_major < 9 || cs > 16))) {
+    p.registers = false;
+    return p;
+  }
+  p.csize = next_pow2(cs);
+  const int64_t per_cta = (nvec + p.csize - 1) / p.csize;
+  int64_t warps = (per_cta + int64_t(xs.nv) * 32 - 1) / (int64_t(xs.nv) * 32);
+  if (warps > kMaxCta / 32) warps = kMaxCta / 32;
+  p.tpr = p.cta_threads = int(warps * 32);
+  p.nv = int((per_cta + p.tpr - 1) / p.tpr);
+  p.groups = rows;
+  p.registers = p.nv <= kXSmemMaxNv;
+  return p;
+}
+
+// Bytes of rows a register plan keeps in flight per SM, if registers are what
+// bounds it: 64 registers a thread (the kernels' launch bounds) of 64K.
+inline int64_t register_inflight(const Plan& p, int64_t cols, int elem_bytes) {
+  int64_t ctas = 65536 / (64 * int64_t(p.cta_threads));
+  if (ctas > 32) ctas = 32;
+  return ctas * p.rows_per_cta * (cols * elem_bytes / p.csize);
+}
+
+inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
+                          const DeviceInfo& dev, int w_bytes);
+
 // vec_ok: every pointer and row stride allows accesses of 16 bytes and cols is
 // a multiple of that width (the caller checks alignment at run time).
 inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
-                      const DeviceInfo& dev, int w_bytes = 0) {
+                      const DeviceInfo& dev, int w_bytes = 0, const XSmemTuning& xs = XSmemTuning{}) {
+  const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes);
+  if (bwd || !vec_ok || !r.registers || cols * elem_bytes < xs.min_row_bytes ||
+      register_inflight(r, cols, elem_bytes) >= xs.max_inflight)
+    return r;
+  const Plan s = x_smem_plan(rows, cols, elem_bytes, dev, xs);
+  return s.registers ? s : r;
+}
+
+inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
+                          const DeviceInfo& dev, int w_bytes) {
   Plan p;
   p.vec = vec_ok ? 16 / elem_bytes : 1;
   const int64_t nvec = (cols + p.vec - 1) / p.vec;
