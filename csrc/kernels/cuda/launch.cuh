@@ -57,9 +57,9 @@ struct LaunchConfig {
   LaunchConfig& operator=(const LaunchConfig&) = delete;
 };
 
-// One launch path for plain and cluster launches.  A kernel that needs more
-// than 48 KB of dynamic shared memory or a cluster of more than 8 CTAs has
-// been configured by resident_groups() first, once per device.
+// One launch path for plain and cluster launches.  A kernel that needs
+// dynamic shared memory or a cluster of more than 8 CTAs has been configured
+// by resident_groups() first, once per device.
 template <typename... KArgs, typename... Args>
 cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, int csize,
                    cudaStream_t stream, Args... args) {
@@ -84,7 +84,10 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
   }
   int groups = 0;
   bool ok = true;
-  if (smem > 48 * 1024)  // above the default dynamic shared memory limit
+  // Without this, dynamic plus static shared memory may not pass 48 KB: a
+  // backward CTA of 384 bf16 threads has exactly 48 KB of partials plus the
+  // reducer's static buffer, and used to fall to the split path unnoticed.
+  if (smem > 0)
     ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
   if (ok && csize > 8)  // 16-CTA clusters are "non-portable" and must be enabled per kernel
     ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
