@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <mutex>
 #include <tuple>
 
@@ -64,8 +65,9 @@ template <typename... KArgs, typename... Args>
 cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, int csize,
                    cudaStream_t stream, Args... args) {
   const LaunchConfig lc(grid, block, smem, csize, stream);
-  cudaError_t e = cudaLaunchKernelEx(&lc.cfg, kernel, args...);
-  return e != cudaSuccess ? e : cudaGetLastError();
+  const cudaError_t e = cudaLaunchKernelEx(&lc.cfg, kernel, args...);
+  const cudaError_t last = cudaGetLastError();  // also clears a failed launch's error
+  return e != cudaSuccess ? e : last;
 }
 
 // Row groups (CTAs, or clusters) that fit on the device at once, cached per
@@ -76,19 +78,25 @@ template <typename K>
 int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize, size_t smem) {
   static std::mutex mu;
   static std::map<std::tuple<const void*, int, int, int, size_t>, int> cache;
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), dev.index, cta_threads, csize, smem);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
+  static std::map<std::pair<const void*, int>, size_t> smem_limit;  // per kernel and device
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  const auto key = std::make_tuple(fn, dev.index, cta_threads, csize, smem);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
   int groups = 0;
   bool ok = true;
-  // Without this, dynamic plus static shared memory may not pass 48 KB: a
-  // backward CTA of 384 bf16 threads has exactly 48 KB of partials plus the
-  // reducer's static buffer, and used to fall to the split path unnoticed.
-  if (smem > 0)
+  // The dynamic shared memory limit, raised to the largest launch of this
+  // kernel so far (never lowered: launches cached earlier rely on it).  It
+  // is set whenever dynamic memory is used, since dynamic plus static memory
+  // may not pass 48 KB without it: a backward CTA of 384 bf16 threads has
+  // exactly 48 KB of partials plus the reducer's buffer, and used to fall to
+  // the split path unnoticed.
+  size_t& limit = smem_limit[std::make_pair(fn, dev.index)];
+  if (smem > limit) {
     ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
+    if (ok) limit = smem;
+  }
   if (ok && csize > 8)  // 16-CTA clusters are "non-portable" and must be enabled per kernel
     ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
   if (ok && csize == 1) {
@@ -100,7 +108,6 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
     if (cudaOccupancyMaxActiveClusters(&groups, kernel, &lc.cfg) != cudaSuccess) groups = 0;
   }
   cudaGetLastError();  // a failed query must not leak into the next launch check
-  std::lock_guard<std::mutex> lock(mu);
   cache[key] = groups;
   return groups;
 }
