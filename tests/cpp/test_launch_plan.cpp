@@ -38,9 +38,12 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
     EXPECT_LE(p.csize, 16);
     if (p.csize > 1) EXPECT_GE(cc, 9);
     EXPECT_EQ(p.groups, 1000);
-    // Only where registers would keep too little in flight.
+    // Only where registers would keep too little in flight, or the row fits one CTA.
     const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, elem);
-    EXPECT_LT(register_inflight(r, cols, elem), xs.max_inflight);
+    if (cols * elem <= xs.one_cta_min_row || cols * elem > xs.slice_bytes)
+      EXPECT_LT(register_inflight(r, cols, elem), xs.max_inflight);
+    else
+      EXPECT_EQ(p.csize, 1);
     return;
   }
   EXPECT_LE(p.nv, max_accesses(bwd, p.vec, elem, true));              // register budget
@@ -102,28 +105,37 @@ TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {
   EXPECT_EQ(a.csize, 1);
   EXPECT_EQ(a.cta_threads, 192);
   EXPECT_EQ(a.nv, 8);
-  // bf16 24576: 48 KB rows, two CTAs of 24 KB in a cluster.
+  // Rows of 32-64 KB fit one CTA: bf16 24576 (48 KB), fp32 16384 (64 KB).
   const Plan b = make_plan(1 << 12, 24576, 2, 4, true, false, dev, 2);
   EXPECT_TRUE(b.x_smem);
-  EXPECT_EQ(b.csize, 2);
-  // Kept in registers: bf16 16384 (64 KB in flight), short rows, fp32 12288
-  // (128 bytes a thread), unaligned rows, the backward, and sm_80 clusters.
+  EXPECT_EQ(b.csize, 1);
+  EXPECT_EQ(b.cta_threads, 384);
+  const Plan c = make_plan(1 << 13, 16384, 4, 4, true, false, dev, 4);
+  EXPECT_TRUE(c.x_smem);
+  EXPECT_EQ(c.cta_threads, 512);
+  // bf16 49152 (96 KB): a 2-CTA cluster, where registers keep 48 KB in flight.
+  const Plan d = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 2);
+  EXPECT_TRUE(d.x_smem);
+  EXPECT_EQ(d.csize, 2);
+  // Kept in registers: bf16 16384 (32 KB, 64 KB in flight), short rows, fp32
+  // 32768 (128 bytes a thread), unaligned rows, the backward.
   EXPECT_FALSE(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 2).x_smem);
   EXPECT_FALSE(make_plan(1 << 16, 2560, 2, 4, true, false, dev, 2).x_smem);
-  EXPECT_FALSE(make_plan(1 << 14, 12288, 4, 4, true, false, dev, 4).x_smem);
+  EXPECT_FALSE(make_plan(1 << 12, 32768, 4, 4, true, false, dev, 4).x_smem);
   EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, false, false, dev, 2).x_smem);
   EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, true, true, dev, 2).x_smem);
+  // sm_80: no clusters, so only rows that fit one CTA.
   DeviceInfo a100;
   a100.cc_major = 8;
   EXPECT_TRUE(make_plan(1 << 14, 12288, 2, 4, true, false, a100, 2).x_smem);
-  EXPECT_FALSE(make_plan(1 << 12, 24576, 2, 4, true, false, a100, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 11, 49152, 2, 4, true, false, a100, 2).x_smem);
 }
 
 TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   DeviceInfo dev;
   dev.cc_major = 9;
   // fp32 12288: 128 bytes a thread, one CTA of 384 threads instead of a 2-CTA cluster.
-  const Plan f = make_plan(1 << 14, 12288, 4, 4, true, false, dev, 4);
+  const Plan f = register_plan(1 << 14, 12288, 4, 4, true, false, dev, 4);
   EXPECT_EQ(f.csize, 1);
   EXPECT_EQ(f.tpr, 384);
   // bf16 65536: 64 bytes a thread, a 4-CTA cluster with the weight cache.

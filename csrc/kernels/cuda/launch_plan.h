@@ -29,15 +29,18 @@ struct Plan {
 // 448 threads leave a quarter or an eighth of that idle: too few bytes of rows
 // in flight.  Rows of at least min_row_bytes whose register plan keeps less
 // than max_inflight bytes in flight per SM are held in shared memory instead,
-// each CTA holding at most slice_bytes of its row (a cluster past that), with
-// about nv 16-byte accesses a thread.  H200, % of copy bandwidth, LN / RMS:
-// bf16 12288 68 / 78 -> 75 / 88, bf16 24576 44 / 53 -> 61 / 74, fp32 6144
-// 75 / 84 -> 86 / 91.  Shorter rows lost up to 6 points, and rows that keep
-// 64 KB in flight in registers gained nothing (docs/performance.md, v5b).
+// and so are rows longer than one_cta_min_row that fit one CTA's slice.  Each
+// CTA holds at most slice_bytes of its row (a cluster past that), with about
+// nv 16-byte accesses a thread.  H200, % of copy bandwidth, LN / RMS:
+// bf16 12288 68 / 78 -> 75 / 88, bf16 20480 62 / 75 -> 70 / 86, fp32 6144
+// 75 / 84 -> 86 / 91, fp32 16384 73 / 79 -> 72 / 89.  Shorter rows lost up
+// to 6 points, and 32 KB rows that keep 64 KB in flight in registers gained
+// nothing (docs/performance.md, v5b and v5g).
 struct XSmemTuning {
   int64_t min_row_bytes = 12 * 1024;
   int64_t max_inflight = 64 * 1024;
-  int64_t slice_bytes = 32 * 1024;
+  int64_t one_cta_min_row = 32 * 1024;
+  int64_t slice_bytes = 64 * 1024;
   int nv = 8;
 };
 constexpr int kXSmemMaxNv = 32;
@@ -124,9 +127,10 @@ inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_by
 inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
                       const DeviceInfo& dev, int w_bytes = 0, const XSmemTuning& xs = XSmemTuning{}) {
   const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes);
-  if (bwd || !vec_ok || !r.registers || cols * elem_bytes < xs.min_row_bytes ||
-      register_inflight(r, cols, elem_bytes) >= xs.max_inflight)
-    return r;
+  const int64_t row_bytes = cols * elem_bytes;
+  if (bwd || !vec_ok || !r.registers || row_bytes < xs.min_row_bytes) return r;
+  const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes;
+  if (!one_cta && register_inflight(r, cols, elem_bytes) >= xs.max_inflight) return r;
   const Plan s = x_smem_plan(rows, cols, elem_bytes, dev, xs);
   return s.registers ? s : r;
 }
