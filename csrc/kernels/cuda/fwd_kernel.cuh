@@ -27,8 +27,8 @@ struct RowLayout {
 // copied there with cp.async.  Each thread reads back only the slots it
 // copied, so no barrier is needed.  Shared memory holds more of a row than
 // the registers can (more rows in flight per SM), at one shared-memory load
-// per access and pass.  Takes nv * blockDim.x * 16 bytes (nv = p's accesses
-// per thread, at most NV).
+// per access and pass.  Takes nv * blockDim.x * 16 bytes (nv: the plan's
+// accesses per thread, at most NV).
 template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM = false>
 __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p, RowLayout lay) {
   static_assert(!(X_SMEM && CACHE_WB), "one use of the dynamic shared memory at a time");
