@@ -134,7 +134,6 @@ auto pick_bwd(int nv) -> void (*)(BwdParams, RowLayout, dacc_t<DT>*, dacc_t<DT>*
   }
 }
 
-
 // The register kernel a plan names.
 template <typename DT, typename DW>
 auto fwd_kernel_for(const Plan& pl) {

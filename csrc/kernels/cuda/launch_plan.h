@@ -119,22 +119,8 @@ inline int64_t register_inflight(const Plan& p, int64_t cols, int elem_bytes) {
   return ctas * p.rows_per_cta * (cols * elem_bytes / p.csize);
 }
 
-inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
-                          const DeviceInfo& dev, int w_bytes);
-
-// vec_ok: every pointer and row stride allows accesses of 16 bytes and cols is
-// a multiple of that width (the caller checks alignment at run time).
-inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
-                      const DeviceInfo& dev, int w_bytes = 0, const XSmemTuning& xs = XSmemTuning{}) {
-  const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes);
-  const int64_t row_bytes = cols * elem_bytes;
-  if (bwd || !vec_ok || !r.registers || row_bytes < xs.min_row_bytes) return r;
-  const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes;
-  if (!one_cta && register_inflight(r, cols, elem_bytes) >= xs.max_inflight) return r;
-  const Plan s = x_smem_plan(rows, cols, elem_bytes, dev, xs);
-  return s.registers ? s : r;
-}
-
+// The register-kernel plan; registers == false where no CTA or cluster can
+// hold the row (the split path).
 inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
                           const DeviceInfo& dev, int w_bytes) {
   Plan p;
@@ -179,6 +165,19 @@ inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_by
   p.cache_wb = !bwd && p.csize > 1 && p.vec > 1 && w_bytes > 0 &&
                wb_cache_smem(p.cta_threads, p.nv, p.vec, w_bytes) <= kWbCacheMax;
   return p;
+}
+
+// vec_ok: every pointer and row stride allows accesses of 16 bytes and cols is
+// a multiple of that width (the caller checks alignment at run time).
+inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
+                      const DeviceInfo& dev, int w_bytes = 0, const XSmemTuning& xs = XSmemTuning{}) {
+  const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes);
+  const int64_t row_bytes = cols * elem_bytes;
+  if (bwd || !vec_ok || !r.registers || row_bytes < xs.min_row_bytes) return r;
+  const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes;
+  if (!one_cta && register_inflight(r, cols, elem_bytes) >= xs.max_inflight) return r;
+  const Plan s = x_smem_plan(rows, cols, elem_bytes, dev, xs);
+  return s.registers ? s : r;
 }
 
 }  // namespace fln::cuda
