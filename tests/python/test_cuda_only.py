@@ -117,18 +117,22 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
 
 @kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [256, 1024, 4096])
+@pytest.mark.parametrize("hidden", [256, 1024, 4096, 5120, 6144, 12288])
 def test_backward_many_rows_per_cta(kind, dtype, hidden, seed):
-    """Each persistent backward CTA walks many rows, loading the next row while
-    it finishes the current one; an odd row count leaves a partial last step."""
+    """Each persistent backward CTA walks many rows, loading the next rows while
+    it finishes the current one (a second set of registers, or a ring of
+    shared-memory stages for 16-bit rows: 4096 keeps the row in registers,
+    5120 and 6144 re-read it at 96 and 80 registers, 12288 in a cluster); an
+    odd row count leaves a partial last step."""
     check(make_inputs(kind, (8191, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
 @kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [256, 1024])
+@pytest.mark.parametrize("hidden", [256, 1024, 4096, 6144])
 def test_row_count_sweep(kind, dtype, hidden, seed):
-    """Odd row counts 1..299: partial row blocks in forward and in the dweight/dbias reduction."""
+    """Odd row counts 1..299: partial row blocks in forward and in the dweight/dbias
+    reduction; CTAs with fewer rows than the backward's stages."""
     gen = generator(seed)
     for rows in range(1, 300, 2):
         inp = make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", gen)

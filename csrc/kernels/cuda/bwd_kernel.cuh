@@ -1,12 +1,11 @@
 // Backward kernels.
 //
-// norm_bwd_kernel: rows held in registers like the forward (x and dy are
-// read once, dx written once).  The grid is persistent: each CTA (or cluster)
-// walks many rows and keeps its dweight / dbias partials for the columns it
-// owns in fp32 shared memory (registers would cap the bytes in flight), then
-// writes one partial row.  finalize_kernel adds
-// the partial rows in a fixed order, so the weight gradients are bitwise
-// reproducible; no atomics anywhere.
+// norm_bwd_kernel: rows held on chip like the forward (x and dy are read
+// once, dx written once).  The grid is persistent: each CTA (or cluster)
+// walks many rows and keeps dweight / dbias partials for the columns it owns,
+// in fp32 shared memory or, with the staged pipes, in registers; then it
+// writes one partial row.  finalize_kernel adds the partial rows in a fixed
+// order, so the weight gradients are bitwise reproducible; no atomics anywhere.
 #pragma once
 #include "common.cuh"
 #include "fwd_kernel.cuh"
@@ -22,127 +21,235 @@ struct alignas(sizeof(A) * (VEC % 2 == 0 ? 4 : 2)) PartialSlot {
   A dw[kElems], db[kElems];
 };
 
-// PREFETCH: the loads of the CTA's next row are issued before the current
-// row is reduced and written, into a second set of registers, so a thread has
-// two rows in flight; the register cap is relaxed to 128 to hold them (one
-// 512-thread CTA per SM, or more of smaller CTAs).
-template <typename T, typename W, int VEC, int NV, bool PREFETCH = false>
-__global__ void __launch_bounds__(kMaxCtaThreads, PREFETCH ? 1 : 2)
-norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b) {
+// How the loads of a CTA's next rows overlap the current row's work.
+enum class BwdPipe {
+  // None: the row is loaded when its turn comes (other CTAs overlap it).
+  kNone,
+  // The next row is loaded into a second set of registers before the current
+  // one is reduced and written.
+  kPrefetch,
+  // 16-byte accesses only: a ring of kBwdStages row buffers in shared memory,
+  // filled with cp.async kBwdStages - 1 rows ahead, each thread its own slots
+  // (no barrier).  The dweight / dbias partials stay in fp32 registers while
+  // the CTA walks its rows and reach shared memory only to be merged.
+  // kStaged copies the current row into registers for both passes;
+  // kStagedReread reads it from its buffer in each pass, so nothing but the
+  // partials and weights is live across the reduction (fewer registers).
+  kStaged,
+  kStagedReread,
+};
+constexpr int kBwdStages = 3;
+
+constexpr bool staged(BwdPipe p) { return p == BwdPipe::kStaged || p == BwdPipe::kStagedReread; }
+
+// The backward of one CTA (or cluster) over its rows; the kernels below
+// differ only in their register cap.
+template <typename T, typename W, int VEC, int NV, BwdPipe PIPE>
+__device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b) {
   using A = dacc_t<T>;
   using Slot = PartialSlot<A, VEC>;
   constexpr int kPer = Slot::kElems, kSlots = VEC / kPer;  // slots per access
+  constexpr bool kStagedPipe = staged(PIPE), kRegAcc = kStagedPipe;
+  static_assert(!kStagedPipe || VEC * sizeof(T) == 16, "cp.async stages move 16-byte accesses");
   __shared__ ReduceSmem<A, 2> smem;
   // (dweight, dbias) partials, [NV * kSlots][CTA threads]: each thread owns
-  // its slots (no barrier until the merge) and a warp's accesses are consecutive.
+  // its slots (no barrier until the merge) and a warp's accesses are
+  // consecutive.  Staged pipes: the stage buffers, [stage][access][x, dy][CTA
+  // threads]; the partials take the same memory only for the final merge.
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   Slot* acc = reinterpret_cast<Slot*>(dyn_smem);
+  Frag<T, VEC>* stages = reinterpret_cast<Frag<T, VEC>*>(dyn_smem);
   const int tpr = lay.tpr, rpc = blockDim.x / tpr, cta = blockDim.x;
   const int row_in_cta = threadIdx.x / tpr, lane = threadIdx.x % tpr;
   const int crank = cluster_rank_or_zero(lay.csize);
   const int stride = tpr * lay.csize;
   const int t = crank * tpr + lane;
   const int64_t group = blockIdx.x / lay.csize, ngroups = gridDim.x / lay.csize;
+  const int64_t step = ngroups * rpc;  // rows between a CTA's consecutive row groups
   const int64_t n = p.cols;
   const T* __restrict__ xg = static_cast<const T*>(p.x);
   const T* __restrict__ dyg = static_cast<const T*>(p.dy);
   const W* __restrict__ wg = static_cast<const W*>(p.w);
+  const A* __restrict__ meang = static_cast<const A*>(p.mean);
+  const A* __restrict__ rstdg = static_cast<const A*>(p.rstd);
   const A inv_n = A(1) / A(n);
   const bool want_dw = part_w != nullptr || part_b != nullptr;
   RowReducer<A, 2> red{smem, tpr, lay.csize, row_in_cta};
+  auto stage_slot = [&](int s, int i, int which) { return ((s * NV + i) * 2 + which) * cta + threadIdx.x; };
+  auto col = [&](int i) { return int64_t(i * stride + t) * VEC; };
 
   // This thread's columns are the same in every row: its weights stay in
   // registers (1.0 without a weight, so no branch per element).
   Frag<W, VEC> w[NV];
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
-    const int64_t c = int64_t(i * stride + t) * VEC;
-    if (wg && c < n) w[i].load(wg + c);
+    if (wg && col(i) < n) w[i].load(wg + col(i));
     else w[i].one();
   }
-  if (want_dw)
+  A rw[kRegAcc ? NV * VEC : 1], rb[kRegAcc ? NV * VEC : 1];
+  if constexpr (kRegAcc) {
+#pragma unroll
+    for (int k = 0; k < NV * VEC; ++k) rw[k] = rb[k] = A(0);
+  } else if (want_dw) {
 #pragma unroll
     for (int e = 0; e < NV * kSlots; ++e) acc[e * cta + threadIdx.x] = Slot{};
+  }
 
   // One row's inputs, in the storage dtype (zeros past the row or the rows).
   struct RowIn {
     Frag<T, VEC> x[NV], dy[NV];
     A mean, rstd;
   };
+  auto load_stats = [&](int64_t row, RowIn& r) {
+    r.mean = (row < p.rows && !p.rms) ? meang[row] : A(0);
+    r.rstd = row < p.rows ? rstdg[row] : A(0);
+  };
   auto load_row = [&](int64_t row, RowIn& r) {
-    const bool live = row < p.rows;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t c = int64_t(i * stride + t) * VEC;
-      if (!live || c >= n) {
+      if (row >= p.rows || col(i) >= n) {
         r.x[i].zero();
         r.dy[i].zero();
       } else {
-        r.x[i].load(xg + row * p.x_stride + c);
-        r.dy[i].load(dyg + row * p.dy_stride + c);
+        r.x[i].load(xg + row * p.x_stride + col(i));
+        r.dy[i].load(dyg + row * p.dy_stride + col(i));
       }
     }
-    r.mean = (live && !p.rms) ? static_cast<const A*>(p.mean)[row] : A(0);
-    r.rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
+    load_stats(row, r);
   };
-  RowIn cur, next;
-  if constexpr (PREFETCH) load_row(group * rpc + row_in_cta, next);
+  // Staged: start the copies of the row group at `base` into stage s.
+  auto issue = [&](int64_t base, int s) {
+    const int64_t row = base + row_in_cta;
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+      if (row < p.rows && col(i) < n) {
+        cp_async16(&stages[stage_slot(s, i, 0)], xg + row * p.x_stride + col(i));
+        cp_async16(&stages[stage_slot(s, i, 1)], dyg + row * p.dy_stride + col(i));
+      }
+    cp_async_commit();  // one group per row group, empty or not, so the count stays fixed
+  };
 
-  for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
+  RowIn cur, next;
+  int stage = 0;  // staged: the buffer of the current row
+  if constexpr (PIPE == BwdPipe::kPrefetch) load_row(group * rpc + row_in_cta, next);
+  if constexpr (kStagedPipe) {
+#pragma unroll
+    for (int s = 0; s < kBwdStages - 1; ++s) issue(group * rpc + s * step, s);
+    load_stats(group * rpc + row_in_cta, next);
+  }
+
+  for (int64_t base = group * rpc; base < p.rows; base += step) {
     const int64_t row = base + row_in_cta;
     const bool live = row < p.rows;
-    if constexpr (PREFETCH) {
+    if constexpr (PIPE == BwdPipe::kPrefetch) {
       cur = next;
-      load_row(base + ngroups * rpc + row_in_cta, next);
+      load_row(base + step + row_in_cta, next);
+    } else if constexpr (kStagedPipe) {
+      issue(base + (kBwdStages - 1) * step, stage == 0 ? kBwdStages - 1 : stage - 1);  // the buffer read last
+      cp_async_wait<kBwdStages - 1>();  // this row's copies have landed
+      cur.mean = next.mean;
+      cur.rstd = next.rstd;
+      load_stats(row + step, next);  // the statistics, one row ahead
+      if constexpr (PIPE == BwdPipe::kStaged)
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          cur.x[i] = stages[stage_slot(stage, i, 0)];  // stale past the row: skipped below
+          cur.dy[i] = stages[stage_slot(stage, i, 1)];
+        }
     } else {
       load_row(row, cur);
     }
-    const Frag<T, VEC>* x = cur.x;
-    const Frag<T, VEC>* dy = cur.dy;
+    auto x = [&](int i) -> Frag<T, VEC> {
+      if constexpr (PIPE == BwdPipe::kStagedReread) return stages[stage_slot(stage, i, 0)];
+      else return cur.x[i];
+    };
+    auto dy = [&](int i) -> Frag<T, VEC> {
+      if constexpr (PIPE == BwdPipe::kStagedReread) return stages[stage_slot(stage, i, 1)];
+      else return cur.dy[i];
+    };
     const A mean = cur.mean, rstd = cur.rstd;
     A s[2] = {0, 0};  // sum(g * xhat), sum(g) with g = dy * w
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
+      if (kStagedPipe && (!live || col(i) >= n)) continue;  // stale buffer slots
+      const Frag<T, VEC> xi = x(i), dyi = dy(i);
       A s0 = 0, s1 = 0;
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         Slot a{};
-        if (want_dw) a = acc[(i * kSlots + j) * cta + threadIdx.x];
+        if (!kRegAcc && want_dw) a = acc[(i * kSlots + j) * cta + threadIdx.x];
 #pragma unroll
         for (int e = 0; e < kPer; ++e) {
           const int k = j * kPer + e;
-          const A xh = (x[i].get(k) - mean) * rstd, d = dy[i].get(k), g = d * w[i].get(k);
-          a.dw[e] += d * xh;
-          a.db[e] += d;
+          const A xh = (xi.get(k) - mean) * rstd, d = dyi.get(k), g = d * w[i].get(k);
+          if constexpr (kRegAcc) {
+            rw[i * VEC + k] += d * xh;
+            rb[i * VEC + k] += d;
+          } else {
+            a.dw[e] += d * xh;
+            a.db[e] += d;
+          }
           s0 += g * xh;
           s1 += g;
         }
-        if (want_dw) acc[(i * kSlots + j) * cta + threadIdx.x] = a;
+        if (!kRegAcc && want_dw) acc[(i * kSlots + j) * cta + threadIdx.x] = a;
       }
       s[0] += s0;
       s[1] += s1;
     }
-    if (p.dx == nullptr) continue;  // uniform: no reduction needed
-    red.sum(s);
-    if (!live) continue;
-    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-    //    = g * rstd - ((x - mean) * c1 + c0),  c1 = rstd^2 mean(g xhat), c0 = rstd mean(g)
-    const A c1 = s[0] * inv_n * rstd * rstd, c0 = p.rms ? A(0) : s[1] * inv_n * rstd;
+    if (p.dx != nullptr) {  // uniform: else no reduction is needed
+      red.sum(s);
+      // dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+      //    = g * rstd - ((x - mean) * c1 + c0),  c1 = rstd^2 mean(g xhat), c0 = rstd mean(g)
+      const A c1 = s[0] * inv_n * rstd * rstd, c0 = p.rms ? A(0) : s[1] * inv_n * rstd;
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t c = int64_t(i * stride + t) * VEC;
-      if (c >= n) continue;
-      A dx[VEC];
+      for (int i = 0; i < NV; ++i) {
+        if (!live || col(i) >= n) continue;
+        const Frag<T, VEC> xi = x(i), dyi = dy(i);
+        A dx[VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const A t0 = (x[i].get(k) - mean) * c1 + c0;
-        dx[k] = dy[i].get(k) * w[i].get(k) * rstd - t0;
+        for (int k = 0; k < VEC; ++k) {
+          const A t0 = (xi.get(k) - mean) * c1 + c0;
+          dx[k] = dyi.get(k) * w[i].get(k) * rstd - t0;
+        }
+        store_vec(static_cast<T*>(p.dx) + row * n + col(i), dx);
       }
-      store_vec(static_cast<T*>(p.dx) + row * n + c, dx);
     }
+    if constexpr (kStagedPipe) stage = stage + 1 == kBwdStages ? 0 : stage + 1;
   }
   red.finish();
+  if constexpr (kStagedPipe) cp_async_wait<0>();  // none left: every copy was for a row visited
   if (!want_dw) return;
+  if constexpr (kRegAcc) {
+    if (rpc == 1) {  // one row per CTA: the registers are the partial row
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (col(i) >= n) continue;
+        A dw[VEC], db[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          dw[k] = rw[i * VEC + k];
+          db[k] = rb[i * VEC + k];
+        }
+        if (part_w) store_vec(part_w + group * n + col(i), dw);
+        if (part_b) store_vec(part_b + group * n + col(i), db);
+      }
+      return;
+    }
+    __syncthreads();  // the partial slots overlap the stage buffers, which every thread is done with
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        Slot a;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          a.dw[e] = rw[i * VEC + j * kPer + e];
+          a.db[e] = rb[i * VEC + j * kPer + e];
+        }
+        acc[(i * kSlots + j) * cta + threadIdx.x] = a;  // own slots: the merge below reads them
+      }
+  }
 
   // Merge the rows of this CTA in row order, then write partial row `group`.
   if (rpc > 1) {
@@ -151,7 +258,7 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
   }
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
-    const int64_t c = int64_t(i * stride + t) * VEC;
+    const int64_t c = col(i);
     if (c >= n) continue;
     A dw[VEC], db[VEC];
 #pragma unroll
@@ -174,6 +281,24 @@ norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b
     if (part_w) store_vec(part_w + group * n + c, dw);
     if (part_b) store_vec(part_b + group * n + c, db);
   }
+}
+
+// Register caps (at most 64K / REGS threads per SM): 64, two 512-thread CTAs
+// per SM, through launch bounds; larger caps through __maxnreg__.  H200, % of
+// copy bandwidth: fp32 4096 under kNone ran at 89.5 with the launch bounds and
+// 77.9 with __maxnreg__(64); bf16 8192 under kStaged ran at 72.5 with
+// __maxnreg__(128) and 70.3 with launch bounds (512, 1).
+template <typename T, typename W, int VEC, int NV, BwdPipe PIPE, int REGS>
+__global__ void __launch_bounds__(kMaxCtaThreads, 2)
+norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b) {
+  static_assert(REGS == 64, "other caps: norm_bwd_kernel_capped");
+  norm_bwd_rows<T, W, VEC, NV, PIPE>(p, lay, part_w, part_b);
+}
+
+template <typename T, typename W, int VEC, int NV, BwdPipe PIPE, int REGS>
+__global__ void FLN_MAX_REGS(REGS)
+norm_bwd_kernel_capped(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b) {
+  norm_bwd_rows<T, W, VEC, NV, PIPE>(p, lay, part_w, part_b);
 }
 
 // out[c] = sum over p of part[p * n + c], p ascending, for 32 columns per CTA:

@@ -16,6 +16,16 @@ namespace fln::cuda {
 // enough that two CTAs share an SM, so one CTA's loads overlap another's reductions.
 constexpr int kMaxCtaThreads = 512;
 
+// A kernel's register cap (__maxnreg__, CUDA 12.4+).  Older compilers cap at
+// 128, from launch bounds (kMaxCtaThreads, 1); the launchers size grids from
+// the occupancy API, so they follow whichever cap the kernel got.
+#if defined(__CUDACC_VER_MAJOR__) && \
+    (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4))
+#define FLN_MAX_REGS(R) __maxnreg__(R)
+#else
+#define FLN_MAX_REGS(R) __launch_bounds__(kMaxCtaThreads, 1)
+#endif
+
 // Host storage type (fln::Half, ...) -> device type (__half, ...).
 template <typename T> struct DeviceType { using type = T; };
 template <> struct DeviceType<Half> { using type = __half; };
@@ -124,6 +134,24 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// Pipelines: close the group of copies issued since the last commit, and
+// wait until at most N of this thread's groups are still in flight (the
+// older ones are then complete and visible to this thread).  Waiting for
+// all groups (cp_async_wait_all) after issuing the next rows' copies would
+// wait for those too, and nothing would overlap.
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 

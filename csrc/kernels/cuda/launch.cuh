@@ -125,12 +125,18 @@ auto pick_fwd(int nv) -> void (*)(FwdParams, RowLayout) {
   }
 }
 
-template <typename DT, typename DW, int VEC, bool PF, int NV = 1>
+template <typename DT, typename DW, int VEC, int NV, BwdPipe PIPE, int REGS>
+constexpr auto bwd_kernel_ptr() {
+  if constexpr (REGS == 64) return &norm_bwd_kernel<DT, DW, VEC, NV, PIPE, REGS>;
+  else return &norm_bwd_kernel_capped<DT, DW, VEC, NV, PIPE, REGS>;
+}
+
+template <typename DT, typename DW, int VEC, BwdPipe PIPE, int REGS, int NV = 1>
 auto pick_bwd(int nv) -> void (*)(BwdParams, RowLayout, dacc_t<DT>*, dacc_t<DT>*) {
   if constexpr (NV >= max_accesses(true, VEC, sizeof(DT))) {
-    return &norm_bwd_kernel<DT, DW, VEC, NV, PF>;
+    return bwd_kernel_ptr<DT, DW, VEC, NV, PIPE, REGS>();
   } else {
-    return nv <= NV ? &norm_bwd_kernel<DT, DW, VEC, NV, PF> : pick_bwd<DT, DW, VEC, PF, NV * 2>(nv);
+    return nv <= NV ? bwd_kernel_ptr<DT, DW, VEC, NV, PIPE, REGS>() : pick_bwd<DT, DW, VEC, PIPE, REGS, NV * 2>(nv);
   }
 }
 
@@ -143,11 +149,25 @@ auto fwd_kernel_for(const Plan& pl) {
   return pl.cache_wb ? pick_fwd<DT, DW, V, true>(pl.nv) : pick_fwd<DT, DW, V, false>(pl.nv);
 }
 
+// The backward kernels: (pipe, register cap) pairs.  Staged pipes exist for
+// 16-bit types only (bwd_shape never picks them for others).
+struct BwdVariant {
+  BwdPipe pipe = BwdPipe::kNone;
+  int regs = 64;
+};
+
 template <typename DT, typename DW>
-auto bwd_kernel_for(const Plan& pl, bool prefetch) {
+auto bwd_kernel_for(const Plan& pl, BwdVariant v) {
   constexpr int V = 16 / sizeof(DT);
-  if (pl.vec == 1) return pick_bwd<DT, DW, 1, false>(pl.nv);
-  return prefetch ? pick_bwd<DT, DW, V, true>(pl.nv) : pick_bwd<DT, DW, V, false>(pl.nv);
+  if (pl.vec == 1) return pick_bwd<DT, DW, 1, BwdPipe::kNone, 64>(pl.nv);
+  if constexpr (sizeof(DT) == 2) {
+    if (v.pipe == BwdPipe::kStaged) return pick_bwd<DT, DW, V, BwdPipe::kStaged, 128>(pl.nv);
+    if (v.pipe == BwdPipe::kStagedReread)
+      return v.regs == 80 ? pick_bwd<DT, DW, V, BwdPipe::kStagedReread, 80>(pl.nv)
+                          : pick_bwd<DT, DW, V, BwdPipe::kStagedReread, 96>(pl.nv);
+  }
+  if (v.pipe == BwdPipe::kPrefetch) return pick_bwd<DT, DW, V, BwdPipe::kPrefetch, 128>(pl.nv);
+  return pick_bwd<DT, DW, V, BwdPipe::kNone, 64>(pl.nv);
 }
 
 template <typename T, typename W>
@@ -226,7 +246,7 @@ constexpr int kPrefetchMinThreadsPerSm = 512;
 struct BwdShape {
   Plan plan;
   bool registers;      // register kernel; else the split-row kernels
-  bool prefetch;       // register kernel: the next-row prefetch variant
+  BwdVariant variant;  // register kernel
   int64_t grid;        // register kernel: CTAs
   int64_t nparts;      // dweight/dbias partial rows
   size_t dyn_smem;     // register kernel
@@ -234,6 +254,51 @@ struct BwdShape {
   int64_t nchunks;     // split: column chunks per row
   int64_t sum_rows;    // split: grid rows of the sums kernel
 };
+
+// The register kernel's variant and its dynamic shared memory.  H200, % of
+// copy bandwidth, bf16 LayerNorm backward, one run (docs/performance.md, v6a):
+// - 16-bit rows of one row per CTA take a staged pipe (fp32 rows lost 1-6
+//   points with it, 14 in clusters).  kStaged, rows held in registers, where it keeps 512
+//   threads per SM (4096: prefetch 78.5 -> 80.7).  Else kStagedReread at the
+//   cap of 96 or 80 registers that keeps more threads per SM: 2560 74 -> 80,
+//   3072 73 -> 77, 5120 70 -> 77, 6144 63 -> 78.  In a cluster only if it
+//   keeps as many threads per SM as kNone: 12288 (2 x 384 threads) 53 -> 61,
+//   24576 (4 x 384) 46 -> 57; at 16384 (2 x 512) it would lose 58 -> 49.
+// - Else the prefetch variant where it keeps 512 threads per SM, without
+//   clusters (1024 81 -> 85; at 5120 it lost 15 points).
+// - Else kNone.
+template <typename DT, typename DW>
+BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev, size_t* dyn_smem) {
+  using A = dacc_t<DT>;
+  const size_t part = (p.dw || p.db) ? size_t(bwd_partials_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(A))) : 0;
+  auto per_sm = [&](BwdVariant v, size_t smem) {  // threads resident per SM
+    const int g = resident_groups(bwd_kernel_for<DT, DW>(pl, v), dev, pl.cta_threads, pl.csize, smem);
+    return int64_t(g) * pl.csize * pl.cta_threads / dev.sm_count;
+  };
+  *dyn_smem = part;
+  if (pl.vec == 1) return BwdVariant{};
+  const int64_t plain = per_sm(BwdVariant{}, part);
+  BwdVariant v;
+  if (sizeof(DT) == 2 && pl.rows_per_cta == 1) {
+    // Stage buffers: kBwdStages rows of x and dy; the partials reuse them.
+    const size_t st = size_t(kBwdStages) * pl.cta_threads * pl.nv * 32, smem = st > part ? st : part;
+    const BwdVariant hold{BwdPipe::kStaged, 128}, r96{BwdPipe::kStagedReread, 96}, r80{BwdPipe::kStagedReread, 80};
+    if (pl.csize == 1 && per_sm(hold, smem) >= kPrefetchMinThreadsPerSm) v = hold;
+    else {
+      const int64_t t96 = per_sm(r96, smem), t80 = per_sm(r80, smem);
+      const BwdVariant r = t80 > t96 ? r80 : r96;
+      const int64_t tr = t80 > t96 ? t80 : t96;
+      if (tr > 0 && (pl.csize == 1 || tr >= plain)) v = r;
+    }
+    if (staged(v.pipe)) {
+      *dyn_smem = smem;
+      return v;
+    }
+  }
+  const BwdVariant pf{BwdPipe::kPrefetch, 128};
+  if (pl.csize == 1 && per_sm(pf, part) >= kPrefetchMinThreadsPerSm) return pf;
+  return BwdVariant{};
+}
 
 template <typename T, typename W>
 BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
@@ -244,18 +309,9 @@ BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
   s.plan = make_plan(p.rows, p.cols, sizeof(DT), sizeof(A), bwd_vec_ok<DT, DW>(p), true, dev);
   const Plan& pl = s.plan;
   if (use_register_kernel(pl, true)) {
-    s.dyn_smem = (p.dw || p.db) ? size_t(bwd_partials_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(A))) : 0;
-    // The prefetch variant holds two rows a thread but fits fewer threads per
-    // SM.  It is taken where it still keeps 512 threads per SM busy, without
-    // clusters (H200: bf16 1024 82 -> 87%, 4096 75 -> 79%; at 3072 and 5120,
-    // with 384 and 320 threads per SM, it lost 4 and 13 points).
-    s.prefetch = false;
-    if (pl.csize == 1 && pl.vec > 1) {
-      const int r = resident_groups(bwd_kernel_for<DT, DW>(pl, true), dev, pl.cta_threads, 1, s.dyn_smem);
-      s.prefetch = int64_t(r) * pl.cta_threads >= int64_t(kPrefetchMinThreadsPerSm) * dev.sm_count;
-    }
-    auto kernel = bwd_kernel_for<DT, DW>(pl, s.prefetch);
-    const int resident = resident_groups(kernel, dev, pl.cta_threads, pl.csize, s.dyn_smem);
+    s.variant = bwd_variant<DT, DW>(p, pl, dev, &s.dyn_smem);
+    const int resident = resident_groups(bwd_kernel_for<DT, DW>(pl, s.variant), dev, pl.cta_threads, pl.csize,
+                                         s.dyn_smem);
     if (resident > 0) {
       s.registers = true;
       s.nparts = pl.groups < resident ? pl.groups : resident;
@@ -326,7 +382,7 @@ cudaError_t norm_bwd(const BwdParams& p, const DeviceInfo& dev, cudaStream_t str
   cudaError_t e = cudaSuccess;
   if (s.registers) {
     const Plan& pl = s.plan;
-    auto kernel = bwd_kernel_for<DT, DW>(pl, s.prefetch);
+    auto kernel = bwd_kernel_for<DT, DW>(pl, s.variant);
     e = launch(kernel, dim3(unsigned(s.grid)), dim3(pl.cta_threads), s.dyn_smem, pl.csize, stream, p,
                RowLayout{pl.tpr, pl.csize}, ws.part_w, ws.part_b);
   } else {
