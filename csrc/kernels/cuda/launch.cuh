@@ -259,11 +259,13 @@ struct BwdShape {
 // copy bandwidth, bf16 LayerNorm backward, one run (docs/performance.md, v6a):
 // - 16-bit rows of one row per CTA take a staged pipe (fp32 rows lost 1-6
 //   points with it, 14 in clusters).  kStaged, rows held in registers, where it keeps 512
-//   threads per SM (4096: prefetch 78.5 -> 80.7).  Else kStagedReread at the
-//   cap of 96 or 80 registers that keeps more threads per SM: 2560 74 -> 80,
-//   3072 73 -> 77, 5120 70 -> 77, 6144 63 -> 78.  In a cluster only if it
-//   keeps as many threads per SM as kNone: 12288 (2 x 384 threads) 53 -> 61,
-//   24576 (4 x 384) 46 -> 57; at 16384 (2 x 512) it would lose 58 -> 49.
+//   threads per SM (4096: prefetch 78.5 -> 80.7).  Else whichever of kStaged,
+//   kStagedReread at 96 and at 80 registers keeps the most threads per SM,
+//   in that order on ties: 2560 74 -> 80, 3072 73 -> 77, 5120 70 -> 77, 6144
+//   63 -> 78 (reread); 7168 65 -> 67 (kStaged, 448 threads under every cap).
+//   In a cluster only if it keeps as many threads per SM as kNone: 12288
+//   (2 x 384 threads) 53 -> 61, 24576 (4 x 384) 46 -> 57; at 16384 (2 x 512)
+//   it would lose 58 -> 49.
 // - Else the prefetch variant where it keeps 512 threads per SM, without
 //   clusters (1024 81 -> 85; at 5120 it lost 15 points).
 // - Else kNone.
@@ -282,13 +284,18 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
   if (sizeof(DT) == 2 && pl.rows_per_cta == 1) {
     // Stage buffers: kBwdStages rows of x and dy; the partials reuse them.
     const size_t st = size_t(kBwdStages) * pl.cta_threads * pl.nv * 32, smem = st > part ? st : part;
-    const BwdVariant hold{BwdPipe::kStaged, 128}, r96{BwdPipe::kStagedReread, 96}, r80{BwdPipe::kStagedReread, 80};
-    if (pl.csize == 1 && per_sm(hold, smem) >= kPrefetchMinThreadsPerSm) v = hold;
-    else {
-      const int64_t t96 = per_sm(r96, smem), t80 = per_sm(r80, smem);
-      const BwdVariant r = t80 > t96 ? r80 : r96;
-      const int64_t tr = t80 > t96 ? t80 : t96;
-      if (tr > 0 && (pl.csize == 1 || tr >= plain)) v = r;
+    // In order of preference where they keep as many threads per SM.
+    const BwdVariant cand[] = {{BwdPipe::kStaged, 128}, {BwdPipe::kStagedReread, 96}, {BwdPipe::kStagedReread, 80}};
+    int64_t best = per_sm(cand[0], smem);
+    if (pl.csize == 1 && best >= kPrefetchMinThreadsPerSm) {
+      v = cand[0];
+    } else {
+      int pick = 0;
+      for (int i = 1; i < 3; ++i) {
+        const int64_t t = per_sm(cand[i], smem);
+        if (t > best) best = t, pick = i;
+      }
+      if (best > 0 && (pl.csize == 1 || best >= plain)) v = cand[pick];
     }
     if (staged(v.pipe)) {
       *dyn_smem = smem;
