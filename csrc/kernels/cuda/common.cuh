@@ -190,9 +190,12 @@ struct ReduceSmem {
 };
 
 // Sums K values over the threads of one row: `tpr` threads (a power of two
-// up to 32, else whole warps)
-// of this CTA, times `csize` CTAs of a thread-block cluster.  Every step adds
-// in a fixed order, so the result is identical in every thread and every run.
+// up to 32, else whole warps) of this CTA, times `csize` CTAs of a
+// thread-block cluster.  Every step adds in a fixed order (xor butterflies:
+// both partners of a step add the same two values), so the result is
+// identical in every thread, every CTA of the cluster and every run.
+static_assert(kMaxCtaThreads <= 512, "RowReducer's butterflies span at most 16 warps");
+
 template <typename A, int K>
 struct RowReducer {
   ReduceSmem<A, K>& s;
@@ -207,15 +210,24 @@ struct RowReducer {
       for (int off = 16; off > 0; off /= 2)
         if (off < lanes) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
     if (tpr > 32) {
-      const int warp = threadIdx.x / 32, wpr = tpr / 32;
-      if (threadIdx.x % 32 == 0)
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpr = tpr / 32;
+      if (lane == 0)
 #pragma unroll
         for (int k = 0; k < K; ++k) s.warp[parity][warp][k] = v[k];
       __syncthreads();
+      // Lane w of every warp loads warp w's partial (lanes past the next
+      // power of two `span` repeat the first span lanes), then an xor
+      // butterfly adds them: both partners of a step add the same two
+      // values, so every lane ends with the same bits.  (H200: a sequential
+      // loop over the warps' partials in every thread ran 3-9 points slower,
+      // docs/performance.md v6c.)
+      const int span = wpr > 8 ? 16 : wpr > 4 ? 8 : wpr > 2 ? 4 : 2, src = lane & (span - 1);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
-        A t = 0;
-        for (int w = 0; w < wpr; ++w) t += s.warp[parity][row_in_cta * wpr + w][k];
+        A t = src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : A(0);
+#pragma unroll
+        for (int off = 8; off > 0; off /= 2)
+          if (off < span) t += __shfl_xor_sync(0xffffffffu, t, off);
         v[k] = t;
       }
     }
@@ -227,10 +239,15 @@ struct RowReducer {
 #pragma unroll
         for (int k = 0; k < K; ++k) s.cta[parity][k] = v[k];
       cluster.sync();
+      // Lane r loads CTA r's sum, then the same butterfly as above.
+      const int span = csize > 8 ? 16 : csize > 4 ? 8 : csize > 2 ? 4 : 2;
+      const int src = (threadIdx.x % 32) & (span - 1);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
-        A t = 0;
-        for (int r = 0; r < csize; ++r) t += cluster.map_shared_rank(&s.cta[parity][k], r)[0];
+        A t = src < csize ? cluster.map_shared_rank(&s.cta[parity][k], src)[0] : A(0);
+#pragma unroll
+        for (int off = 8; off > 0; off /= 2)
+          if (off < span) t += __shfl_xor_sync(0xffffffffu, t, off);
         v[k] = t;
       }
     }
