@@ -17,7 +17,8 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
   if (!p.registers) {
     // Falls back only when one CTA cannot hold the row and clusters can't help.
     const int vec = vec_ok ? 16 / elem : 1;
-    const int64_t per_cta = int64_t(kMaxCta) * max_accesses(bwd, vec, elem, true) * vec;
+    // The backward's wider budget is only for rows that fit one CTA with it.
+    const int64_t per_cta = int64_t(kMaxCta) * max_accesses(bwd, vec, elem, !bwd) * vec;
     EXPECT_GT(cols, per_cta);
     if (cc >= 9) EXPECT_GT(cols, 16 * per_cta);
     return;
@@ -51,7 +52,9 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
   if (p.nv > max_accesses(bwd, p.vec, elem))
     EXPECT_GT(cols, int64_t(kMaxCta) * max_accesses(bwd, p.vec, elem) * p.vec);
   if (bwd) EXPECT_LE(bwd_partials_smem(p.cta_threads, p.nv, p.vec, acc), 64 * 1024);  // 3 CTAs per SM
-  EXPECT_LE(p.nv * p.vec * elem, bwd ? 32 : 128);                      // bytes of row per thread
+  // Bytes of row per thread; 64 in the backward only for 4-byte rows of one CTA.
+  EXPECT_LE(p.nv * p.vec * elem, bwd ? (elem == 4 && p.csize == 1 ? 64 : 32) : 128);
+  if (bwd && p.nv * p.vec * elem > 32) EXPECT_GT(cols, int64_t(kMaxCta) * max_accesses(bwd, p.vec, elem) * p.vec);
   if (p.cache_wb) {  // forward clusters of 16-byte accesses, two CTAs per SM
     EXPECT_FALSE(bwd);
     EXPECT_GT(p.csize, 1);
@@ -143,4 +146,24 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   EXPECT_EQ(h.csize, 4);
   EXPECT_EQ(h.nv * h.vec * 2, 64);
   EXPECT_TRUE(h.cache_wb);
+}
+
+TEST(LaunchPlan, Fp32BackwardRowsOfOneCtaHoldSixteenElements) {
+  DeviceInfo dev;
+  dev.cc_major = 9;
+  // fp32 5120 and 8192: 16 elements a thread in one CTA (320 and 512 threads),
+  // where 8 elements would need a 2-CTA cluster.
+  const Plan a = make_plan(1 << 15, 5120, 4, 4, true, true, dev, 4);
+  EXPECT_EQ(a.csize, 1);
+  EXPECT_EQ(a.cta_threads, 320);
+  EXPECT_EQ(a.nv * a.vec, 16);
+  const Plan b = make_plan(1 << 14, 8192, 4, 4, true, true, dev, 4);
+  EXPECT_EQ(b.csize, 1);
+  EXPECT_EQ(b.cta_threads, 512);
+  // fp32 4096 keeps 8 elements; fp32 12288 and bf16 rows keep 32 bytes.
+  EXPECT_EQ(make_plan(1 << 15, 4096, 4, 4, true, true, dev, 4).nv * 4, 8);
+  const Plan c = make_plan(1 << 13, 12288, 4, 4, true, true, dev, 4);
+  EXPECT_GT(c.csize, 1);
+  EXPECT_EQ(c.nv * c.vec, 8);
+  EXPECT_EQ(make_plan(1 << 14, 12288, 2, 4, true, true, dev, 2).nv * 8, 16);
 }

@@ -133,7 +133,7 @@ constexpr auto bwd_kernel_ptr() {
 
 template <typename DT, typename DW, int VEC, BwdPipe PIPE, int REGS, int NV = 1>
 auto pick_bwd(int nv) -> void (*)(BwdParams, RowLayout, dacc_t<DT>*, dacc_t<DT>*) {
-  if constexpr (NV >= max_accesses(true, VEC, sizeof(DT))) {
+  if constexpr (NV >= max_accesses(true, VEC, sizeof(DT), true)) {
     return bwd_kernel_ptr<DT, DW, VEC, NV, PIPE, REGS>();
   } else {
     return nv <= NV ? bwd_kernel_ptr<DT, DW, VEC, NV, PIPE, REGS>() : pick_bwd<DT, DW, VEC, PIPE, REGS, NV * 2>(nv);
@@ -150,7 +150,7 @@ auto fwd_kernel_for(const Plan& pl) {
 }
 
 // The backward kernels: (pipe, register cap) pairs.  Staged pipes exist for
-// 16-bit types only (bwd_shape never picks them for others).
+// 16-bit and 4-byte types (bwd_variant picks them for 16 elements a thread).
 struct BwdVariant {
   BwdPipe pipe = BwdPipe::kNone;
   int regs = 64;
@@ -160,7 +160,7 @@ template <typename DT, typename DW>
 auto bwd_kernel_for(const Plan& pl, BwdVariant v) {
   constexpr int V = 16 / sizeof(DT);
   if (pl.vec == 1) return pick_bwd<DT, DW, 1, BwdPipe::kNone, 64>(pl.nv);
-  if constexpr (sizeof(DT) == 2) {
+  if constexpr (sizeof(DT) <= 4) {
     if (v.pipe == BwdPipe::kStaged) return pick_bwd<DT, DW, V, BwdPipe::kStaged, 128>(pl.nv);
     if (v.pipe == BwdPipe::kStagedReread)
       return v.regs == 80 ? pick_bwd<DT, DW, V, BwdPipe::kStagedReread, 80>(pl.nv)
@@ -257,8 +257,9 @@ struct BwdShape {
 
 // The register kernel's variant and its dynamic shared memory.  H200, % of
 // copy bandwidth, bf16 LayerNorm backward, one run (docs/performance.md, v6a):
-// - 16-bit rows of one row per CTA take a staged pipe (fp32 rows lost 1-6
-//   points with it, 14 in clusters).  kStaged, rows held in registers, where it keeps 512
+// - Rows of one row per CTA and 16 elements a thread (16-bit rows; fp32 rows
+//   of 5120-8192, launch_plan.h) take a staged pipe: fp32 5120 75 -> 88,
+//   8192 77 -> 88 (v6d).  fp32 rows of 8 elements lost 1-6 points with it.  kStaged, rows held in registers, where it keeps 512
 //   threads per SM (4096: prefetch 78.5 -> 80.7).  Else whichever of kStaged,
 //   kStagedReread at 96 and at 80 registers keeps the most threads per SM,
 //   in that order on ties: 2560 74 -> 80, 3072 73 -> 77, 5120 70 -> 77, 6144
@@ -281,7 +282,7 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
   if (pl.vec == 1) return BwdVariant{};
   const int64_t plain = per_sm(BwdVariant{}, part);
   BwdVariant v;
-  if (sizeof(DT) == 2 && pl.rows_per_cta == 1) {
+  if (sizeof(DT) <= 4 && pl.rows_per_cta == 1 && (sizeof(DT) == 2 || pl.nv * pl.vec == 16)) {
     // Stage buffers: kBwdStages rows of x and dy; the partials reuse them.
     const size_t st = size_t(kBwdStages) * pl.cta_threads * pl.nv * 32, smem = st > part ? st : part;
     // In order of preference where they keep as many threads per SM.

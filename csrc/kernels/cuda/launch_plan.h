@@ -60,10 +60,14 @@ constexpr int64_t wb_cache_smem(int cta_threads, int nv, int vec, int w_bytes) {
 // 41 -> 58% of copy bandwidth).  16-bit types stay at 64 bytes (32 elements):
 // at 128 bytes a thread holds 64 elements and spills, and bf16 65536 measured
 // 48% against 54% with 64 bytes and the weight cache (Plan::cache_wb).
-// Backward: 32 bytes each of x and dy.  The scalar path (vec 1) keeps at most
-// 16 (forward) or 8 (backward) elements: each takes a whole register.
+// Backward: 32 bytes each of x and dy; 4-byte rows that would otherwise
+// span a cluster take 64 bytes (16 elements, as 16-bit rows hold) when that
+// fits one CTA, for the staged kernels (fp32 5120-8192).  The scalar path
+// (vec 1) keeps at most 16 (forward) or 8 (backward) elements: each takes a
+// whole register.
 constexpr int max_accesses(bool bwd, int vec, int elem_bytes, bool long_row = false) {
-  const int n = (bwd ? 32 : long_row && elem_bytes >= 4 ? 128 : 64) / (vec * elem_bytes);
+  const int n = (bwd ? (long_row && elem_bytes == 4 ? 64 : 32) : long_row && elem_bytes >= 4 ? 128 : 64) /
+                (vec * elem_bytes);
   const int cap = vec == 1 ? (bwd ? 8 : 16) : n;
   return n < 1 ? 1 : n < cap ? n : cap;
 }
@@ -130,7 +134,10 @@ inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_by
   // use as many threads as that takes; past kMaxCta threads, split the row
   // over a thread-block cluster (sm_90+, at most 16 CTAs), else fall back.
   int nv_max = max_accesses(bwd, p.vec, elem_bytes);
-  if ((nvec + nv_max - 1) / nv_max > kMaxCta) nv_max = max_accesses(bwd, p.vec, elem_bytes, true);
+  if ((nvec + nv_max - 1) / nv_max > kMaxCta) {
+    const int wide = max_accesses(bwd, p.vec, elem_bytes, true);
+    if (!bwd || (nvec + wide - 1) / wide <= kMaxCta) nv_max = wide;
+  }
   const int64_t threads = (nvec + nv_max - 1) / nv_max;
   if (threads > kMaxCta) {
     const int64_t cs = (threads + kMaxCta - 1) / kMaxCta;
