@@ -256,19 +256,20 @@ struct BwdShape {
 };
 
 // The register kernel's variant and its dynamic shared memory.  H200, % of
-// copy bandwidth, bf16 LayerNorm backward, one run (docs/performance.md, v6a):
-// - Rows of one row per CTA and 16 elements a thread (16-bit rows; fp32 rows
-//   of 5120-8192, launch_plan.h) take a staged pipe: fp32 5120 75 -> 88,
-//   8192 77 -> 88 (v6d).  fp32 rows of 8 elements lost 1-6 points with it.  kStaged, rows held in registers, where it keeps 512
-//   threads per SM (4096: prefetch 78.5 -> 80.7).  Else whichever of kStaged,
-//   kStagedReread at 96 and at 80 registers keeps the most threads per SM,
-//   in that order on ties: 2560 74 -> 80, 3072 73 -> 77, 5120 70 -> 77, 6144
-//   63 -> 78 (reread); 7168 65 -> 67 (kStaged, 448 threads under every cap).
-//   In a cluster only if it keeps as many threads per SM as kNone: 12288
-//   (2 x 384 threads) 53 -> 61, 24576 (4 x 384) 46 -> 57; at 16384 (2 x 512)
-//   it would lose 58 -> 49.
+// copy bandwidth, LayerNorm backward, before v6c's reduction change
+// (docs/performance.md, v6a and v6d):
+// - Rows of one row per CTA with 16 elements a thread (16-bit rows; fp32 rows
+//   of 5120-8192, launch_plan.h) take a staged pipe.  kStaged, the row held
+//   in registers, where it keeps 512 threads per SM (bf16 4096: prefetch 78.5
+//   -> 80.7).  Else whichever of kStaged, kStagedReread at 96 and at 80
+//   registers keeps the most threads per SM, in that order on ties: bf16
+//   2560 74 -> 80, 5120 70 -> 77, 6144 63 -> 78; bf16 7168 65 -> 67 and fp32
+//   5120-8192 72-77 -> 88 (kStaged: one CTA per SM under every cap).  In a
+//   cluster only if it keeps as many threads per SM as kNone: bf16 12288 (2 x
+//   384 threads) 53 -> 61, 24576 (4 x 384) 46 -> 57; 16384 (2 x 512) would
+//   lose 58 -> 49.  fp32 rows of 8 elements a thread lost 1-6 points staged.
 // - Else the prefetch variant where it keeps 512 threads per SM, without
-//   clusters (1024 81 -> 85; at 5120 it lost 15 points).
+//   clusters (bf16 1024 81 -> 85; at 5120 it lost 15 points).
 // - Else kNone.
 template <typename DT, typename DW>
 BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev, size_t* dyn_smem) {
