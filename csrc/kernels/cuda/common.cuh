@@ -131,12 +131,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #endif
 }
 
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-
 // Pipelines: close the group of copies issued since the last commit, and
 // wait until at most N of this thread's groups are still in flight (the
 // older ones are then complete and visible to this thread).  Waiting for
@@ -153,6 +147,11 @@ __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
 // Loads VEC elements of T converted to the accumulation type A.
@@ -196,6 +195,21 @@ struct ReduceSmem {
 // identical in every thread, every CTA of the cluster and every run.
 static_assert(kMaxCtaThreads <= 512, "RowReducer's butterflies span at most 16 warps");
 
+// The butterfly span for n values (2 <= n <= 16 lanes hold them): the next
+// power of two, at least 2.
+__device__ __forceinline__ int butterfly_span(int n) { return n > 8 ? 16 : n > 4 ? 8 : n > 2 ? 4 : 2; }
+
+// Sum over each aligned group of `span` lanes by xor butterfly: both
+// partners of a step add the same two values, so every lane of the group
+// ends with the same bits.
+template <typename A>
+__device__ __forceinline__ A butterfly_sum(A t, int span) {
+#pragma unroll
+  for (int off = 8; off > 0; off /= 2)
+    if (off < span) t += __shfl_xor_sync(0xffffffffu, t, off);
+  return t;
+}
+
 template <typename A, int K>
 struct RowReducer {
   ReduceSmem<A, K>& s;
@@ -215,21 +229,14 @@ struct RowReducer {
 #pragma unroll
         for (int k = 0; k < K; ++k) s.warp[parity][warp][k] = v[k];
       __syncthreads();
-      // Lane w of every warp loads warp w's partial (lanes past the next
-      // power of two `span` repeat the first span lanes), then an xor
-      // butterfly adds them: both partners of a step add the same two
-      // values, so every lane ends with the same bits.  (H200: a sequential
-      // loop over the warps' partials in every thread ran 3-9 points slower,
-      // docs/performance.md v6c.)
-      const int span = wpr > 8 ? 16 : wpr > 4 ? 8 : wpr > 2 ? 4 : 2, src = lane & (span - 1);
+      // Lane w of every warp loads warp w's partial (lanes past the span
+      // repeat the first span lanes), then a butterfly adds them.  (H200: a
+      // sequential loop over the warps' partials in every thread ran 3-9
+      // points slower, docs/performance.md v6c.)
+      const int span = butterfly_span(wpr), src = lane & (span - 1);
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        A t = src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : A(0);
-#pragma unroll
-        for (int off = 8; off > 0; off /= 2)
-          if (off < span) t += __shfl_xor_sync(0xffffffffu, t, off);
-        v[k] = t;
-      }
+      for (int k = 0; k < K; ++k)
+        v[k] = butterfly_sum(src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : A(0), span);
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (csize > 1) {  // one row per CTA here: exchange CTA sums through DSMEM
@@ -240,16 +247,10 @@ struct RowReducer {
         for (int k = 0; k < K; ++k) s.cta[parity][k] = v[k];
       cluster.sync();
       // Lane r loads CTA r's sum, then the same butterfly as above.
-      const int span = csize > 8 ? 16 : csize > 4 ? 8 : csize > 2 ? 4 : 2;
-      const int src = (threadIdx.x % 32) & (span - 1);
+      const int span = butterfly_span(csize), src = (threadIdx.x % 32) & (span - 1);
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        A t = src < csize ? cluster.map_shared_rank(&s.cta[parity][k], src)[0] : A(0);
-#pragma unroll
-        for (int off = 8; off > 0; off /= 2)
-          if (off < span) t += __shfl_xor_sync(0xffffffffu, t, off);
-        v[k] = t;
-      }
+      for (int k = 0; k < K; ++k)
+        v[k] = butterfly_sum(src < csize ? cluster.map_shared_rank(&s.cta[parity][k], src)[0] : A(0), span);
     }
 #endif
     parity ^= 1;

@@ -127,7 +127,7 @@ auto pick_fwd(int nv) -> void (*)(FwdParams, RowLayout) {
 
 template <typename DT, typename DW, int VEC, int NV, BwdPipe PIPE, int REGS>
 constexpr auto bwd_kernel_ptr() {
-  if constexpr (REGS == 64) return &norm_bwd_kernel<DT, DW, VEC, NV, PIPE, REGS>;
+  if constexpr (REGS == 64) return &norm_bwd_kernel<DT, DW, VEC, NV, PIPE>;
   else return &norm_bwd_kernel_capped<DT, DW, VEC, NV, PIPE, REGS>;
 }
 
