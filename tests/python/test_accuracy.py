@@ -176,8 +176,11 @@ def test_noncontiguous_expand_hidden_gives_constant_rows(device, seed):
 
 # --- numerical stability and eps ---------------------------------------------
 
-@pytest.mark.parametrize("hidden", [1024, 7168])
-def test_layer_norm_data_offset_by_1e4(hidden, device, seed):
+# Rows of one warp's lanes, of several warps, of a thread-block cluster
+# (fp32 32768 on sm_90) and of the split path (300000): each merges the
+# statistics of its parts differently.
+@pytest.mark.parametrize("rows,hidden", [(256, 128), (256, 1024), (256, 7168), (32, 32768), (4, 300000)])
+def test_layer_norm_data_offset_by_1e4(rows, hidden, device, seed):
     """x = randn + 1e4 in float32: the statistics must be computed stably.
 
     The fp32 inputs are exact; their spacing near 1e4 is ~1e-3, so the
@@ -185,7 +188,7 @@ def test_layer_norm_data_offset_by_1e4(hidden, device, seed):
     loses everything (variance error ~10 for a variance of 1), giving errors of
     order 1 or NaN."""
     gen = generator(seed)
-    inp = make_inputs("ln", (256, hidden), (hidden,), torch.float32, device, gen, scale=1.0, offset=1e4)
+    inp = make_inputs("ln", (rows, hidden), (hidden,), torch.float32, device, gen, scale=1.0, offset=1e4)
     res = run_fused(inp)
     ref = reference(inp)
     y_err = (res.y.double() - ref.y).abs().max().item()

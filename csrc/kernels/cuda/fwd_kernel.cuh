@@ -117,6 +117,12 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
       if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
     }
     if (!live) continue;
+    // xhat = x * rstd - mean * rstd: one FMA an element, not a subtraction
+    // and a product (the loop is bound by issued instructions).  Rounding
+    // mean * rstd adds half an fp32 ulp of |mean| * rstd to xhat: no more
+    // than the rounding an fp32 x near the mean already carries
+    // (docs/performance.md v7b).
+    const A shift = -mean * rstd;
 #pragma unroll kUnroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = int64_t(i * stride + t) * VEC;
@@ -133,7 +139,7 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
       A y[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A xh = (xi.get(k) - mean) * rstd;
+        const A xh = xi.get(k) * rstd + shift;
         y[k] = wg ? (bg ? xh * w.get(k) + b.get(k) : xh * w.get(k)) : (bg ? xh + b.get(k) : xh);
       }
       store_vec(static_cast<T*>(p.y) + row * n + c, y);
