@@ -25,6 +25,7 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
   }
   EXPECT_EQ(p.vec, vec_ok ? 16 / elem : 1);
   EXPECT_GE(int64_t(p.tpr) * p.csize * p.nv * p.vec, cols);          // covers the row
+  EXPECT_EQ(p.csize & (p.csize - 1), 0);  // row_coords divides by csize with a shift
   if (p.x_smem) {  // row in shared memory: forward, 16-byte accesses, one row per CTA
     const XSmemTuning xs;
     EXPECT_FALSE(bwd);
@@ -71,6 +72,7 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
     EXPECT_EQ(p.csize & (p.csize - 1), 0);
   }
   EXPECT_EQ(p.cta_threads % p.tpr, 0);
+  if (p.rows_per_cta > 1) EXPECT_EQ(p.tpr & (p.tpr - 1), 0);  // and by tpr, where a CTA has several rows
   EXPECT_EQ(p.rows_per_cta, p.cta_threads / p.tpr);
   EXPECT_EQ(p.groups, (1000 + p.rows_per_cta - 1) / p.rows_per_cta);
 }

@@ -195,18 +195,15 @@ struct ReduceSmem {
 // identical in every thread, every CTA of the cluster and every run.
 static_assert(kMaxCtaThreads <= 512, "RowReducer's butterflies span at most 16 warps");
 
-// The butterfly span for n values (2 <= n <= 16 lanes hold them): the next
-// power of two, at least 2.
-__device__ __forceinline__ int butterfly_span(int n) { return n > 8 ? 16 : n > 4 ? 8 : n > 2 ? 4 : 2; }
-
-// Sum over each aligned group of `span` lanes by xor butterfly: both
-// partners of a step add the same two values, so every lane of the group
-// ends with the same bits.
+// Sum over each aligned group of 16 lanes by xor butterfly: both partners
+// of a step add the same two values, so every lane of the group ends with
+// the same bits.  Callers give the lanes past their n <= 16 values zeros,
+// which leave the sum's bits as they are; the steps run unconditionally
+// (no branch per step: v7c).
 template <typename A>
-__device__ __forceinline__ A butterfly_sum(A t, int span) {
+__device__ __forceinline__ A butterfly_sum16(A t) {
 #pragma unroll
-  for (int off = 8; off > 0; off /= 2)
-    if (off < span) t += __shfl_xor_sync(0xffffffffu, t, off);
+  for (int off = 8; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
   return t;
 }
 
@@ -221,22 +218,24 @@ struct RowReducer {
 #pragma unroll
     for (int k = 0; k < K; ++k)
 #pragma unroll
-      for (int off = 16; off > 0; off /= 2)
-        if (off < lanes) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+      for (int off = 16; off > 0; off /= 2) {  // every lane shuffles; no branch per step
+        const A o = __shfl_xor_sync(0xffffffffu, v[k], off);
+        if (off < lanes) v[k] += o;
+      }
     if (tpr > 32) {
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpr = tpr / 32;
       if (lane == 0)
 #pragma unroll
         for (int k = 0; k < K; ++k) s.warp[parity][warp][k] = v[k];
       __syncthreads();
-      // Lane w of every warp loads warp w's partial (lanes past the span
-      // repeat the first span lanes), then a butterfly adds them.  (H200: a
-      // sequential loop over the warps' partials in every thread ran 3-9
-      // points slower, docs/performance.md v6c.)
-      const int span = butterfly_span(wpr), src = lane & (span - 1);
+      // Lane w of every warp loads warp w's partial (lanes 16-31 repeat
+      // lanes 0-15), then a butterfly adds them.  (H200: a sequential loop
+      // over the warps' partials in every thread ran 3-9 points slower,
+      // docs/performance.md v6c.)
+      const int src = lane & 15;
 #pragma unroll
       for (int k = 0; k < K; ++k)
-        v[k] = butterfly_sum(src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : A(0), span);
+        v[k] = butterfly_sum16(src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : A(0));
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (csize > 1) {  // one row per CTA here: exchange CTA sums through DSMEM
@@ -247,10 +246,10 @@ struct RowReducer {
         for (int k = 0; k < K; ++k) s.cta[parity][k] = v[k];
       cluster.sync();
       // Lane r loads CTA r's sum, then the same butterfly as above.
-      const int span = butterfly_span(csize), src = (threadIdx.x % 32) & (span - 1);
+      const int src = threadIdx.x % 16;
 #pragma unroll
       for (int k = 0; k < K; ++k)
-        v[k] = butterfly_sum(src < csize ? cluster.map_shared_rank(&s.cta[parity][k], src)[0] : A(0), span);
+        v[k] = butterfly_sum16(src < csize ? cluster.map_shared_rank(&s.cta[parity][k], src)[0] : A(0));
     }
 #endif
     parity ^= 1;

@@ -17,6 +17,35 @@ struct RowLayout {
   int csize;  // CTAs of a cluster on a row (1 without clusters)
 };
 
+// A thread's place in a RowLayout.  A CTA holds several rows only when tpr
+// is a power of two, and csize always is one (launch_plan.h), so shifts and
+// masks stand in for integer divisions: a forward CTA often runs a single
+// row, so its setup is paid per row (v7c: the divisions were about 40 of a
+// bf16 4096 thread's 805 instructions).
+struct RowCoords {
+  int row_in_cta;  // which of the CTA's rows
+  int rpc;         // rows per CTA
+  int crank;       // rank of this CTA in its cluster
+  int stride;      // threads on a row
+  int t;           // this thread's index among them
+  int group;       // row group (CTA, or cluster) of this CTA
+  int ngroups;     // row groups in the grid
+};
+
+__device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
+  RowCoords r;
+  const bool several = (lay.tpr & (lay.tpr - 1)) == 0 && lay.tpr < int(blockDim.x);
+  const int tpr_log2 = __ffs(lay.tpr) - 1, cs_log2 = __ffs(lay.csize) - 1;
+  r.row_in_cta = several ? int(threadIdx.x) >> tpr_log2 : 0;
+  r.rpc = several ? int(blockDim.x) >> tpr_log2 : 1;
+  r.crank = cluster_rank_or_zero(lay.csize);
+  r.stride = lay.tpr * lay.csize;
+  r.t = r.crank * lay.tpr + (several ? int(threadIdx.x) & (lay.tpr - 1) : int(threadIdx.x));
+  r.group = int(blockIdx.x) >> cs_log2;
+  r.ngroups = int(gridDim.x) >> cs_log2;
+  return r;
+}
+
 // CACHE_WB (persistent grids): each thread copies its slice of weight and
 // bias into shared memory once, [access][thread], and reads it back for every
 // row, instead of re-reading it from L2 (long rows do not stay in L1).  Takes
@@ -38,13 +67,13 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
   using A = dacc_t<T>;
   __shared__ ReduceSmem<A, 1> smem;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  const int tpr = lay.tpr, rpc = blockDim.x / tpr;  // rows per CTA
-  const int row_in_cta = threadIdx.x / tpr;
-  const int crank = cluster_rank_or_zero(lay.csize);
-  const int stride = tpr * lay.csize;  // threads per row
-  const int t = crank * tpr + threadIdx.x % tpr;
-  const int64_t group = blockIdx.x / lay.csize, ngroups = gridDim.x / lay.csize;
+  const RowCoords rc = row_coords(lay);
+  const int tpr = lay.tpr, rpc = rc.rpc, row_in_cta = rc.row_in_cta, stride = rc.stride, t = rc.t;
+  const int64_t group = rc.group, ngroups = rc.ngroups;
+  // 64-bit columns: with int columns the shared-memory kernels (X_SMEM) ran
+  // 3-5 points slower (v7c).
   const int64_t n = p.cols;
+  auto col = [&](int i) { return int64_t(i * stride + t) * VEC; };
   const T* __restrict__ xg = static_cast<const T*>(p.x);
   const W* __restrict__ wg = static_cast<const W*>(p.w);
   const W* __restrict__ bg = static_cast<const W*>(p.b);
@@ -54,7 +83,7 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
   if constexpr (CACHE_WB)  // own slots only: no barrier
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t c = int64_t(i * stride + t) * VEC;
+      const int64_t c = col(i);
       if (c >= n) continue;
       if (wg) wcache[i * blockDim.x + threadIdx.x].load(wg + c);
       if (bg) bcache[i * blockDim.x + threadIdx.x].load(bg + c);
@@ -63,15 +92,16 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
   for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
     const int64_t row = base + row_in_cta;
     const bool live = row < p.rows;
+    const T* xrow = xg + row * p.x_stride;  // addressed per row, offset per access
     Frag<T, VEC> xr[X_SMEM ? 1 : NV];
     Frag<T, VEC>* xs = reinterpret_cast<Frag<T, VEC>*>(dyn_smem) + threadIdx.x;  // X_SMEM slots
 #pragma unroll kUnroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t c = int64_t(i * stride + t) * VEC;
+      const int64_t c = col(i);
       if constexpr (X_SMEM) {
-        if (live && c < n) cp_async16(xs + i * blockDim.x, xg + row * p.x_stride + c);
+        if (live && c < n) cp_async16(xs + i * blockDim.x, xrow + c);
       } else {
-        if (live && c < n) xr[i].load(xg + row * p.x_stride + c);
+        if (live && c < n) xr[i].load(xrow + c);
         else xr[i].zero();
       }
     }
@@ -86,7 +116,7 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
       A s[1] = {0};
 #pragma unroll kUnroll
       for (int i = 0; i < NV; ++i) {
-        if (X_SMEM && (!live || int64_t(i * stride + t) * VEC >= n)) continue;  // unwritten slots
+        if (X_SMEM && (!live || col(i) >= n)) continue;  // unwritten slots
         const Frag<T, VEC> xi = x(i);
         A si = 0;
 #pragma unroll
@@ -99,7 +129,7 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
     A q[1] = {0};
 #pragma unroll kUnroll
     for (int i = 0; i < NV; ++i) {
-      if (int64_t(i * stride + t) * VEC >= n) continue;  // padding: zeros, not x - mean
+      if (col(i) >= n) continue;  // padding: zeros, not x - mean
       if (X_SMEM && !live) continue;
       const Frag<T, VEC> xi = x(i);
       A qi = 0;
@@ -123,9 +153,10 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
     // than the rounding an fp32 x near the mean already carries
     // (docs/performance.md v7b).
     const A shift = -mean * rstd;
+    T* yrow = static_cast<T*>(p.y) + row * p.cols;
 #pragma unroll kUnroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t c = int64_t(i * stride + t) * VEC;
+      const int64_t c = col(i);
       if (c >= n) continue;
       Frag<W, VEC> w, b;
       if constexpr (CACHE_WB) {
@@ -142,7 +173,7 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
         const A xh = xi.get(k) * rstd + shift;
         y[k] = wg ? (bg ? xh * w.get(k) + b.get(k) : xh * w.get(k)) : (bg ? xh + b.get(k) : xh);
       }
-      store_vec(static_cast<T*>(p.y) + row * n + c, y);
+      store_vec(yrow + c, y);
     }
   }
   red.finish();
