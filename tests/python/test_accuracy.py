@@ -177,8 +177,8 @@ def test_noncontiguous_expand_hidden_gives_constant_rows(device, seed):
 # --- numerical stability and eps ---------------------------------------------
 
 # Rows of one warp's lanes, of several warps, of a thread-block cluster
-# (fp32 32768 on sm_90) and of the split path (300000): each merges the
-# statistics of its parts differently.
+# (fp32 32768 on sm_90) and of the split path (300000): each sums its parts
+# differently, and the register kernels form xhat as x * rstd - mean * rstd.
 @pytest.mark.parametrize("rows,hidden", [(256, 128), (256, 1024), (256, 7168), (32, 32768), (4, 300000)])
 def test_layer_norm_data_offset_by_1e4(rows, hidden, device, seed):
     """x = randn + 1e4 in float32: the statistics must be computed stably.

@@ -18,10 +18,11 @@ struct RowLayout {
 };
 
 // A thread's place in a RowLayout.  A CTA holds several rows only when tpr
-// is a power of two, and csize always is one (launch_plan.h), so shifts and
-// masks stand in for integer divisions: a forward CTA often runs a single
-// row, so its setup is paid per row (v7c: the divisions were about 40 of a
-// bf16 4096 thread's 805 instructions).
+// is a power of two, and csize is always a power of two (launch_plan.h;
+// test_launch_plan.cpp checks both), so shifts and masks stand in for
+// integer divisions: a forward CTA often runs a single row, so its setup is
+// paid per row (v7c: the divisions were about 40 of a bf16 4096 thread's
+// 805 instructions).
 struct RowCoords {
   int row_in_cta;  // which of the CTA's rows
   int rpc;         // rows per CTA
