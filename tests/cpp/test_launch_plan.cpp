@@ -123,8 +123,11 @@ TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {
   EXPECT_TRUE(d.x_smem);
   EXPECT_EQ(d.csize, 2);
   // Kept in registers: bf16 16384 (32 KB, 64 KB in flight), short rows, fp32
-  // 32768 (128 bytes a thread), unaligned rows, the backward.
+  // 32768 (128 bytes a thread), rows under 16 KB (bf16 7168, fp32 3072),
+  // unaligned rows, the backward.
   EXPECT_FALSE(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, dev, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 15, 3072, 4, 4, true, false, dev, 4).x_smem);
   EXPECT_FALSE(make_plan(1 << 16, 2560, 2, 4, true, false, dev, 2).x_smem);
   EXPECT_FALSE(make_plan(1 << 12, 32768, 4, 4, true, false, dev, 4).x_smem);
   EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, false, false, dev, 2).x_smem);
@@ -150,7 +153,7 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   EXPECT_TRUE(h.cache_wb);
 }
 
-TEST(LaunchPlan, Fp32BackwardRowsOfOneCtaHoldSixteenElements) {
+TEST(LaunchPlan, BackwardElementsPerThread) {
   DeviceInfo dev;
   dev.cc_major = 9;
   // fp32 5120 and 8192: 16 elements a thread in one CTA (320 and 512 threads),
@@ -162,10 +165,20 @@ TEST(LaunchPlan, Fp32BackwardRowsOfOneCtaHoldSixteenElements) {
   const Plan b = make_plan(1 << 14, 8192, 4, 4, true, true, dev, 4);
   EXPECT_EQ(b.csize, 1);
   EXPECT_EQ(b.cta_threads, 512);
-  // fp32 4096 keeps 8 elements; fp32 12288 and bf16 rows keep 32 bytes.
+  // fp32 4096 keeps 8 elements, and so do fp32 clusters (12288).
   EXPECT_EQ(make_plan(1 << 15, 4096, 4, 4, true, true, dev, 4).nv * 4, 8);
   const Plan c = make_plan(1 << 13, 12288, 4, 4, true, true, dev, 4);
   EXPECT_GT(c.csize, 1);
   EXPECT_EQ(c.nv * c.vec, 8);
-  EXPECT_EQ(make_plan(1 << 14, 12288, 2, 4, true, true, dev, 2).nv * 8, 16);
+  // 16-bit rows: 8 elements a thread up to 4096 (512 threads), then 16, in
+  // one CTA up to 8192 and in clusters beyond.
+  const Plan d = make_plan(1 << 15, 4096, 2, 4, true, true, dev, 2);
+  EXPECT_EQ(d.cta_threads, 512);
+  EXPECT_EQ(d.nv * d.vec, 8);
+  const Plan e = make_plan(1 << 15, 5120, 2, 4, true, true, dev, 2);
+  EXPECT_EQ(e.cta_threads, 320);
+  EXPECT_EQ(e.nv * e.vec, 16);
+  const Plan f = make_plan(1 << 14, 12288, 2, 4, true, true, dev, 2);
+  EXPECT_EQ(f.csize, 2);
+  EXPECT_EQ(f.nv * f.vec, 16);
 }

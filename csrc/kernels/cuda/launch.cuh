@@ -150,11 +150,13 @@ auto fwd_kernel_for(const Plan& pl) {
 }
 
 // The backward kernels: (pipe, register cap) pairs.  Staged pipes exist for
-// 16-bit and 4-byte types (bwd_variant picks them for 16 elements a thread).
+// 16-bit and 4-byte types (bwd_variant picks them for 16 elements a thread);
+// the prefetch pipe comes in every cap of kPrefetchCaps.
 struct BwdVariant {
   BwdPipe pipe = BwdPipe::kNone;
   int regs = 64;
 };
+constexpr int kPrefetchCaps[] = {64, 80, 96, 128};
 
 template <typename DT, typename DW>
 auto bwd_kernel_for(const Plan& pl, BwdVariant v) {
@@ -166,7 +168,12 @@ auto bwd_kernel_for(const Plan& pl, BwdVariant v) {
       return v.regs == 80 ? pick_bwd<DT, DW, V, BwdPipe::kStagedReread, 80>(pl.nv)
                           : pick_bwd<DT, DW, V, BwdPipe::kStagedReread, 96>(pl.nv);
   }
-  if (v.pipe == BwdPipe::kPrefetch) return pick_bwd<DT, DW, V, BwdPipe::kPrefetch, 128>(pl.nv);
+  if (v.pipe == BwdPipe::kPrefetch) switch (v.regs) {
+      case 64: return pick_bwd<DT, DW, V, BwdPipe::kPrefetch, 64>(pl.nv);
+      case 80: return pick_bwd<DT, DW, V, BwdPipe::kPrefetch, 80>(pl.nv);
+      case 96: return pick_bwd<DT, DW, V, BwdPipe::kPrefetch, 96>(pl.nv);
+      default: return pick_bwd<DT, DW, V, BwdPipe::kPrefetch, 128>(pl.nv);
+    }
   return pick_bwd<DT, DW, V, BwdPipe::kNone, 64>(pl.nv);
 }
 
@@ -240,7 +247,33 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   return e;
 }
 
-constexpr int kPrefetchMinThreadsPerSm = 512;
+// Bytes of local memory (spills) a kernel needs per thread, cached per kernel.
+template <typename K>
+size_t local_bytes(K kernel) {
+  static std::mutex mu;
+  static std::map<const void*, size_t> cache;
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(fn);
+  if (it != cache.end()) return it->second;
+  cudaFuncAttributes attr{};
+  const size_t bytes = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.localSizeBytes : SIZE_MAX;
+  cudaGetLastError();
+  return cache[fn] = bytes;
+}
+
+// The prefetch pipe keeps a second row in registers; its kernel is taken at
+// the tightest cap of kPrefetchCaps that spills at most kPrefetchMaxSpill
+// bytes a thread.  H200, bf16 16 elements a thread: the 96-register kernel
+// (12 bytes spilled, outside the row loop) ran 5120 at 92% of copy
+// bandwidth, the 80-register one (80 bytes) at 57%; fp32 16 elements spill
+// 188 bytes at 96 registers (62% against 95% at 128).
+constexpr size_t kPrefetchMaxSpill = 16;
+// A one-CTA row takes the prefetch pipe where the next rows' x and dy in
+// flight come to at least this many bytes per SM, or where no staged pipe
+// applies; else kStaged (v8a, H200, bf16: 8192 at 32 KB 84 -> 88, 5120 at 40
+// KB 83 -> 92; 7168 at 28 KB would lose 85 -> 84, RMS 87 -> 85).
+constexpr int64_t kPrefetchMinInflight = 32 * 1024;
 
 // Backward launch shape: the path, its grid and its scratch.
 struct BwdShape {
@@ -255,22 +288,20 @@ struct BwdShape {
   int64_t sum_rows;    // split: grid rows of the sums kernel
 };
 
-// The register kernel's variant and its dynamic shared memory.  H200, % of
-// copy bandwidth, LayerNorm backward, before v6c's reduction change
-// (docs/performance.md, v6a and v6d):
-// - Rows of one row per CTA with 16 elements a thread (16-bit rows; fp32 rows
-//   of 5120-8192, launch_plan.h) take a staged pipe.  kStaged, the row held
-//   in registers, where it keeps 512 threads per SM (bf16 4096: prefetch 78.5
-//   -> 80.7).  Else whichever of kStaged, kStagedReread at 96 and at 80
-//   registers keeps the most threads per SM, in that order on ties: bf16
-//   2560 74 -> 80, 5120 70 -> 77, 6144 63 -> 78; bf16 7168 65 -> 67 and fp32
-//   5120-8192 72-77 -> 88 (kStaged: one CTA per SM under every cap).  In a
-//   cluster only if it keeps as many threads per SM as kNone: bf16 12288 (2 x
-//   384 threads) 53 -> 61, 24576 (4 x 384) 46 -> 57; 16384 (2 x 512) would
-//   lose 58 -> 49.  fp32 rows of 8 elements a thread lost 1-6 points staged.
-// - Else the prefetch variant where it keeps 512 threads per SM, without
-//   clusters (bf16 1024 81 -> 85; at 5120 it lost 15 points).
-// - Else kNone.
+// The register kernel's variant and its dynamic shared memory, from H200
+// measurements of % of copy bandwidth (docs/performance.md, v6a, v6d, v8a):
+// - Rows of one CTA take the prefetch pipe (bf16 2048 85 -> 92, 4096 85 ->
+//   90 at 8 elements a thread; fp32 5120-8192 88 -> 95-98 at 16), except rows
+//   of 16 elements a thread whose prefetch keeps less than
+//   kPrefetchMinInflight in flight: those take kStaged, the row copied
+//   kBwdStages - 1 rows ahead into shared memory (bf16 6144 82 against 81
+//   prefetching and 76 under kStagedReread at 80 registers; 7168 85 / 84).
+// - Rows of a cluster take the prefetch pipe where it keeps as many threads
+//   per SM as kNone (fp32 12288, 4 x 384 threads: 69 -> 83), else the staged
+//   pipe (16 elements a thread) that keeps the most, if that is as many as
+//   kNone's (bf16 12288, 2 x 384 threads, kStagedReread at 80: 53 -> 61,
+//   24576 46 -> 57); 16384 (2 x 512) would lose 58 -> 49.
+// - Else (and on the scalar path) kNone.
 template <typename DT, typename DW>
 BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev, size_t* dyn_smem) {
   using A = dacc_t<DT>;
@@ -281,32 +312,29 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
   };
   *dyn_smem = part;
   if (pl.vec == 1) return BwdVariant{};
-  const int64_t plain = per_sm(BwdVariant{}, part);
-  BwdVariant v;
-  if (sizeof(DT) <= 4 && pl.rows_per_cta == 1 && (sizeof(DT) == 2 || pl.nv * pl.vec == 16)) {
-    // Stage buffers: kBwdStages rows of x and dy; the partials reuse them.
-    const size_t st = size_t(kBwdStages) * pl.cta_threads * pl.nv * 32, smem = st > part ? st : part;
-    // In order of preference where they keep as many threads per SM.
-    const BwdVariant cand[] = {{BwdPipe::kStaged, 128}, {BwdPipe::kStagedReread, 96}, {BwdPipe::kStagedReread, 80}};
-    int64_t best = per_sm(cand[0], smem);
-    if (pl.csize == 1 && best >= kPrefetchMinThreadsPerSm) {
-      v = cand[0];
-    } else {
-      int pick = 0;
-      for (int i = 1; i < 3; ++i) {
-        const int64_t t = per_sm(cand[i], smem);
-        if (t > best) best = t, pick = i;
-      }
-      if (best > 0 && (pl.csize == 1 || best >= plain)) v = cand[pick];
+  BwdVariant pf{BwdPipe::kPrefetch, 128};
+  for (int cap : kPrefetchCaps)
+    if (local_bytes(bwd_kernel_for<DT, DW>(pl, BwdVariant{BwdPipe::kPrefetch, cap})) <= kPrefetchMaxSpill) {
+      pf.regs = cap;
+      break;
     }
-    if (staged(v.pipe)) {
-      *dyn_smem = smem;
-      return v;
-    }
+  const int64_t pf_threads = per_sm(pf, part), plain = per_sm(BwdVariant{}, part);
+  const bool stageable = sizeof(DT) <= 4 && pl.rows_per_cta == 1 && pl.nv * pl.vec == 16;
+  if (pf_threads > 0 && pl.csize == 1 && (!stageable || pf_threads * pl.nv * 32 >= kPrefetchMinInflight)) return pf;
+  if (pl.csize > 1 && pf_threads >= plain) return pf;
+  if (!stageable) return BwdVariant{};
+  // Stage buffers: kBwdStages rows of x and dy; the partials reuse them.
+  const size_t st = size_t(kBwdStages) * pl.cta_threads * pl.nv * 32, smem = st > part ? st : part;
+  const BwdVariant cand[] = {{BwdPipe::kStaged, 128}, {BwdPipe::kStagedReread, 96}, {BwdPipe::kStagedReread, 80}};
+  int64_t best = per_sm(cand[0], smem);
+  int pick = 0;
+  for (int i = 1; pl.csize > 1 && i < 3; ++i) {
+    const int64_t t = per_sm(cand[i], smem);
+    if (t > best) best = t, pick = i;
   }
-  const BwdVariant pf{BwdPipe::kPrefetch, 128};
-  if (pl.csize == 1 && per_sm(pf, part) >= kPrefetchMinThreadsPerSm) return pf;
-  return BwdVariant{};
+  if (best == 0 || (pl.csize > 1 && best < plain)) return BwdVariant{};
+  *dyn_smem = smem;
+  return cand[pick];
 }
 
 template <typename T, typename W>

@@ -33,11 +33,13 @@ struct Plan {
 // CTA holds at most slice_bytes of its row (a cluster past that), with about
 // nv 16-byte accesses a thread.  H200, % of copy bandwidth, LN / RMS:
 // bf16 12288 68 / 78 -> 75 / 88, bf16 20480 62 / 75 -> 70 / 86, fp32 6144
-// 75 / 84 -> 86 / 91, fp32 16384 73 / 79 -> 72 / 89.  Shorter rows lost up
-// to 6 points, and 32 KB rows that keep 64 KB in flight in registers gained
-// nothing (docs/performance.md, v5b and v5g).
+// 75 / 84 -> 86 / 91, fp32 16384 73 / 79 -> 72 / 89 (docs/performance.md,
+// v5b and v5g).  Rows of 12-14 KB ran faster in registers once v7c cut the
+// register kernel's instructions (v8b: bf16 6144 83 -> 86, 7168 81 -> 83,
+// fp32 3072 89 -> 97; RMS bf16 6144 88 -> 95), 24 KB rows did not (bf16
+// 12288 79 -> 74), so the threshold is 16 KB.
 struct XSmemTuning {
-  int64_t min_row_bytes = 12 * 1024;
+  int64_t min_row_bytes = 16 * 1024;
   int64_t max_inflight = 64 * 1024;
   int64_t one_cta_min_row = 32 * 1024;
   int64_t slice_bytes = 64 * 1024;
@@ -60,14 +62,17 @@ constexpr int64_t wb_cache_smem(int cta_threads, int nv, int vec, int w_bytes) {
 // 41 -> 58% of copy bandwidth).  16-bit types stay at 64 bytes (32 elements):
 // at 128 bytes a thread holds 64 elements and spills, and bf16 65536 measured
 // 48% against 54% with 64 bytes and the weight cache (Plan::cache_wb).
-// Backward: 32 bytes each of x and dy; 4-byte rows that would otherwise
-// span a cluster take 64 bytes (16 elements, as 16-bit rows hold) when that
-// fits one CTA, for the staged kernels (fp32 5120-8192).  The scalar path
-// (vec 1) keeps at most 16 (forward) or 8 (backward) elements: each takes a
-// whole register.
+// Backward: 8 elements each of x and dy (16 bytes of a 16-bit type, 32 of
+// fp32; 32 bytes of 8-byte types); `long_row` doubles that, for 16-bit rows
+// that do not fit one CTA and for 4-byte rows that then fit one (fp32
+// 5120-8192).  16-bit rows of up to 4096 elements ran faster at 8 elements a
+// thread under the prefetch pipe, 1024 threads an SM, than at 16 (v8a, H200:
+// bf16 768 80 -> 90, 2048 85 -> 92, 4096 85 -> 90).  The scalar path (vec 1)
+// keeps at most 16 (forward) or 8 (backward) elements: each takes a whole
+// register.
 constexpr int max_accesses(bool bwd, int vec, int elem_bytes, bool long_row = false) {
-  const int n = (bwd ? (long_row && elem_bytes == 4 ? 64 : 32) : long_row && elem_bytes >= 4 ? 128 : 64) /
-                (vec * elem_bytes);
+  const int bwd_bytes = (elem_bytes == 2 ? 16 : 32) * (long_row && elem_bytes <= 4 ? 2 : 1);
+  const int n = (bwd ? bwd_bytes : long_row && elem_bytes >= 4 ? 128 : 64) / (vec * elem_bytes);
   const int cap = vec == 1 ? (bwd ? 8 : 16) : n;
   return n < 1 ? 1 : n < cap ? n : cap;
 }
@@ -135,8 +140,10 @@ inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_by
   // over a thread-block cluster (sm_90+, at most 16 CTAs), else fall back.
   int nv_max = max_accesses(bwd, p.vec, elem_bytes);
   if ((nvec + nv_max - 1) / nv_max > kMaxCta) {
+    // The backward widens 4-byte rows only where that avoids a cluster: fp32
+    // clusters of 16 elements a thread lost to those of 8 (v6d).
     const int wide = max_accesses(bwd, p.vec, elem_bytes, true);
-    if (!bwd || (nvec + wide - 1) / wide <= kMaxCta) nv_max = wide;
+    if (!bwd || elem_bytes == 2 || (nvec + wide - 1) / wide <= kMaxCta) nv_max = wide;
   }
   const int64_t threads = (nvec + nv_max - 1) / nv_max;
   if (threads > kMaxCta) {
