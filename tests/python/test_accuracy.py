@@ -15,10 +15,12 @@ from helpers import (
     check_result,
     dtype_name,
     generator,
+    growth,
     make_inputs,
     randn,
     reference,
     run_fused,
+    unit_roundoff,
 )
 
 KINDS = ["ln", "rms"]
@@ -201,6 +203,33 @@ def test_layer_norm_data_offset_by_1e4(rows, hidden, device, seed):
     _, mean, rstd = torch.ops.fused_layernorm.layer_norm_fwd(inp.x, [hidden], inp.weight, inp.bias, LN_EPS)
     torch.testing.assert_close(mean.double(), ref.mean, rtol=1e-5, atol=0)
     torch.testing.assert_close(rstd.double(), ref.rstd, rtol=1e-2, atol=0)  # variance within 2%
+
+
+# The CUDA forward sums x - K and (x - K)^2 with K the row's first element,
+# in one reduction, and rows whose K lies far from the mean take an exact
+# second pass (fwd_kernel.cuh, kMaxShiftRatio).  Rows whose first element
+# sits 0.1 to 1e4 standard deviations from the rest cover both sides of that
+# switch; hidden sizes cover rows of a few lanes, of two warps in a CTA of two
+# rows, the scalar path, one CTA, and a cluster.  mean and rstd must be as
+# accurate as a two-pass computation, whatever the row's conditioning.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [128, 1001, 2048, 7168, 32768])
+def test_layer_norm_first_element_far_from_mean(hidden, dtype, device, seed):
+    gen = generator(seed)
+    rows = 64
+    inp = make_inputs("ln", (rows, hidden), (hidden,), dtype, device, gen)
+    x = randn((rows, hidden), dtype=torch.float64, device="cpu", gen=gen, offset=3.0)
+    sign = torch.where(torch.arange(rows) % 2 == 0, 1.0, -1.0).double()
+    x[:, 0] = 3.0 + sign * torch.logspace(-1, 4, rows, dtype=torch.float64)
+    inp.x = x.to(device=device, dtype=dtype)
+    ref = reference(inp, backward=False)
+    _, mean, rstd = torch.ops.fused_layernorm.layer_norm_fwd(inp.x, [hidden], inp.weight, inp.bias, LN_EPS)
+    tol = 10 * unit_roundoff(dtype) * growth(hidden)
+    mean_err = ((mean.double() - ref.mean) * ref.rstd).abs().max().item()  # in standard deviations
+    rstd_err = (rstd.double() / ref.rstd - 1).abs().max().item()
+    assert mean_err <= tol, f"mean off by {mean_err:.2e} standard deviations (tolerance {tol:.1e})"
+    assert rstd_err <= tol, f"rstd off by {rstd_err:.2e} relative (tolerance {tol:.1e})"
+    check_result(inp, run_fused(inp, backward=False), ref, backward=False)
 
 
 @kinds

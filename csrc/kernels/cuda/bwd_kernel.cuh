@@ -50,6 +50,12 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   using Slot = PartialSlot<A, VEC>;
   constexpr int kPer = Slot::kElems, kSlots = VEC / kPer;  // slots per access
   constexpr bool kStagedPipe = staged(PIPE), kRegAcc = kStagedPipe;
+  // kNone runs the 16-bit clusters, whose kernel spills (16 elements a
+  // thread at 64 registers: 52 bytes).  There, x and dy loads that skip L1
+  // and evict-first dx stores leave L1 to the spills (v8c, H200: bf16 16384
+  // 60 -> 67, 32768 55 -> 62% of copy bandwidth).  fp32 clusters, which do
+  // not spill, lost 3.6 points with them (16384), and the other pipes 1-11.
+  constexpr bool kStream = PIPE == BwdPipe::kNone && sizeof(T) == 2;
   static_assert(!kStagedPipe || VEC * sizeof(T) == 16, "cp.async stages move 16-byte accesses");
   __shared__ ReduceSmem<A, 2> smem;
   // (dweight, dbias) partials, [NV * kSlots][CTA threads]: each thread owns
@@ -111,8 +117,14 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
         r.x[i].zero();
         r.dy[i].zero();
       } else {
-        r.x[i].load(xg + row * p.x_stride + col(i));
-        r.dy[i].load(dyg + row * p.dy_stride + col(i));
+        const int64_t xo = row * p.x_stride + col(i), dyo = row * p.dy_stride + col(i);
+        if constexpr (kStream) {
+          load_no_l1(r.x[i], xg + xo);
+          load_no_l1(r.dy[i], dyg + dyo);
+        } else {
+          r.x[i].load(xg + xo);
+          r.dy[i].load(dyg + dyo);
+        }
       }
     }
     load_stats(row, r);
@@ -225,7 +237,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
           const A t0 = (xi.get(k) - mean) * c1 + c0;
           dx[k] = dyi.get(k) * w[i].get(k) * rstd - t0;
         }
-        store_vec(static_cast<T*>(p.dx) + row * n + col(i), dx);
+        store_vec<kStream>(static_cast<T*>(p.dx) + row * n + col(i), dx);
       }
     }
     if constexpr (kStagedPipe) stage = stage + 1 == kBwdStages ? 0 : stage + 1;

@@ -1,6 +1,7 @@
 // Device helpers shared by the CUDA normalization kernels: storage-type
 // mapping, conversions, 16-byte vectors and the row reduction.
 #pragma once
+#include <type_traits>
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -119,6 +120,21 @@ struct Frag<T, VEC, true> {
   }
 };
 
+// A 16-byte load that does not allocate in L1 (x or dy, read once), so that
+// L1 stays with what is reused; other widths take an ordinary load.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_no_l1(Frag<T, VEC>& f, const T* p) {
+  if constexpr (sizeof(f.r) == 16) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    f.r = *reinterpret_cast<const decltype(f.r)*>(&v);
+  } else {
+    f.load(p);
+  }
+}
+
 // 16 bytes global -> shared memory without passing through registers
 // (cp.async, sm_80+; a plain copy before).  The data is visible to the
 // issuing thread after cp_async_wait_all().
@@ -164,19 +180,23 @@ __device__ __forceinline__ void load_vec(const T* p, A (&out)[VEC]) {
 }
 
 // Stores VEC accumulators as T: 16-bit types are converted a pair at a time.
-template <typename T, typename A, int VEC>
+// kEvictFirst: a 16-byte store marked evict-first (st.global.cs), for data
+// this kernel never reads back.
+template <bool kEvictFirst = false, typename T, typename A, int VEC>
 __device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
+  using V = std::conditional_t<sizeof(T) == 2 && VEC % 2 == 0, Vec<uint32_t, (VEC > 1 ? VEC / 2 : 1)>, Vec<T, VEC>>;
+  V v;
   if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
-    Vec<uint32_t, VEC / 2> v;
 #pragma unroll
     for (int k = 0; k < VEC / 2; ++k) v.v[k] = acc_to_bits(in[2 * k], in[2 * k + 1], static_cast<T*>(nullptr));
-    *reinterpret_cast<Vec<uint32_t, VEC / 2>*>(p) = v;
   } else {
-    Vec<T, VEC> v;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) v.v[k] = from_acc<T>(in[k]);
-    *reinterpret_cast<Vec<T, VEC>*>(p) = v;
   }
+  if constexpr (kEvictFirst && sizeof(V) == 16)
+    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  else
+    *reinterpret_cast<V*>(p) = v;
 }
 
 // Shared state for RowReducer: two buffers used alternately, so one barrier

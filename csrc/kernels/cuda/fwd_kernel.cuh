@@ -59,6 +59,18 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // the registers can (more rows in flight per SM), at one shared-memory load
 // per access and pass.  Takes nv * blockDim.x * 16 bytes (nv: the plan's
 // accesses per thread, at most NV).
+// LayerNorm statistics.  RMSNorm, and LN in the scalar kernels and the
+// 128-byte fp32 threads, reduce sum(x), then sum((x - mean)^2) over the
+// registers: two passes, two reductions.  The other LN kernels reduce the
+// sums of d = x - K and d^2 together, K the row's first element, and need
+// the second pass only for a row whose (mean - K)^2 exceeds kMaxShiftRatio *
+// var (K an outlier); otherwise var = sum(d^2) / n - (mean - K)^2 loses at
+// most about 1 + kMaxShiftRatio ulps to the subtraction.  One reduction
+// instead of two: H200, bf16 5120 87 -> 90, 16384 83 -> 88, fp32 5120 88 ->
+// 93% of copy bandwidth (docs/performance.md v8d).  The excluded kernels
+// spill with both paths (fp32 32768 lost 7 points).
+constexpr float kMaxShiftRatio = 8;
+
 template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM = false>
 __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p, RowLayout lay) {
   static_assert(!(X_SMEM && CACHE_WB), "one use of the dynamic shared memory at a time");
@@ -79,6 +91,9 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
   const W* __restrict__ wg = static_cast<const W*>(p.w);
   const W* __restrict__ bg = static_cast<const W*>(p.b);
   RowReducer<A, 1> red{smem, tpr, lay.csize, row_in_cta};
+  constexpr bool kShifted = X_SMEM || (VEC > 1 && NV * VEC * sizeof(T) <= 64);
+  __shared__ ReduceSmem<A, 2> smem2;
+  RowReducer<A, 2> red2{smem2, tpr, lay.csize, row_in_cta};
   Frag<W, VEC>* wcache = reinterpret_cast<Frag<W, VEC>*>(dyn_smem);
   Frag<W, VEC>* bcache = wcache + NV * blockDim.x;
   if constexpr (CACHE_WB)  // own slots only: no barrier
@@ -111,38 +126,73 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
       if constexpr (X_SMEM) return xs[i * blockDim.x];
       else return xr[i];
     };
-    // One partial per access, added in order: NV independent chains.
-    A mean = 0;
+    // Partials: one per access, added in order (NV independent chains).
+    A mean = 0, var = 0;
+    bool exact = true;  // var from a second pass, sum((x - mean)^2)
     if (!p.rms) {
-      A s[1] = {0};
+      if constexpr (kShifted) {
+        // Sums of d = x - K and d^2, K the row's first element, in one
+        // reduction: mean = K + sum(d) / n, var = sum(d^2) / n - (mean -
+        // K)^2 (padding columns skipped, not counted as -K).
+        const A k0 = live ? to_acc(xrow[0]) : A(0);
+        A m[2] = {0, 0};
+#pragma unroll kUnroll
+        for (int i = 0; i < NV; ++i) {
+          if (col(i) >= n) continue;
+          if (X_SMEM && !live) continue;  // unwritten slots
+          const Frag<T, VEC> xi = x(i);
+          A a = 0, b = 0;
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const A d = xi.get(k) - k0;
+            a += d;
+            b += d * d;
+          }
+          m[0] += a;
+          m[1] += b;
+        }
+        red2.sum(m);
+        const A dm = m[0] / A(n);
+        mean = k0 + dm;
+        var = m[1] / A(n) - dm * dm;
+        // The sums are identical in every thread of a row; rows that share
+        // a warp or a CTA must also agree before the shuffles or barrier.
+        exact = !(dm * dm <= A(kMaxShiftRatio) * var);  // also NaN
+        if (rpc > 1) exact = tpr > 32 ? __syncthreads_or(exact) : __any_sync(0xffffffffu, exact);
+      } else {
+        A s[1] = {0};
+#pragma unroll kUnroll
+        for (int i = 0; i < NV; ++i) {
+          if (X_SMEM && (!live || col(i) >= n)) continue;  // unwritten slots
+          const Frag<T, VEC> xi = x(i);
+          A si = 0;
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) si += xi.get(k);
+          s[0] += si;
+        }
+        red.sum(s);
+        mean = s[0] / A(n);
+      }
+    }
+    if (exact) {  // uniform: see above
+      A q[1] = {0};
 #pragma unroll kUnroll
       for (int i = 0; i < NV; ++i) {
-        if (X_SMEM && (!live || col(i) >= n)) continue;  // unwritten slots
+        if (col(i) >= n) continue;  // padding: zeros, not x - mean
+        if (X_SMEM && !live) continue;
         const Frag<T, VEC> xi = x(i);
-        A si = 0;
+        A qi = 0;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) si += xi.get(k);
-        s[0] += si;
+        for (int k = 0; k < VEC; ++k) {
+          const A d = xi.get(k) - mean;
+          qi += d * d;
+        }
+        q[0] += qi;
       }
-      red.sum(s);
-      mean = s[0] / A(n);
+      red.sum(q);
+      var = q[0] / A(n);
     }
-    A q[1] = {0};
-#pragma unroll kUnroll
-    for (int i = 0; i < NV; ++i) {
-      if (col(i) >= n) continue;  // padding: zeros, not x - mean
-      if (X_SMEM && !live) continue;
-      const Frag<T, VEC> xi = x(i);
-      A qi = 0;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const A d = xi.get(k) - mean;
-        qi += d * d;
-      }
-      q[0] += qi;
-    }
-    red.sum(q);
-    const A rstd = rsqrt_acc(q[0] / A(n) + A(p.eps));
+    const A rstd = rsqrt_acc(var + A(p.eps));
     if (live && t == 0) {
       if (p.mean) static_cast<A*>(p.mean)[row] = mean;
       if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
@@ -177,7 +227,7 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
       store_vec(yrow + c, y);
     }
   }
-  red.finish();
+  red.finish();  // also keeps red2's buffers alive for the other CTAs of a cluster
 }
 
 }  // namespace fln::cuda
