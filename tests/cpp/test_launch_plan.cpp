@@ -156,29 +156,31 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
 TEST(LaunchPlan, BackwardElementsPerThread) {
   DeviceInfo dev;
   dev.cc_major = 9;
-  // fp32 5120 and 8192: 16 elements a thread in one CTA (320 and 512 threads),
-  // where 8 elements would need a 2-CTA cluster.
-  const Plan a = make_plan(1 << 15, 5120, 4, 4, true, true, dev, 4);
-  EXPECT_EQ(a.csize, 1);
-  EXPECT_EQ(a.cta_threads, 320);
-  EXPECT_EQ(a.nv * a.vec, 16);
-  const Plan b = make_plan(1 << 14, 8192, 4, 4, true, true, dev, 4);
-  EXPECT_EQ(b.csize, 1);
-  EXPECT_EQ(b.cta_threads, 512);
-  // fp32 4096 keeps 8 elements, and so do fp32 clusters (12288).
-  EXPECT_EQ(make_plan(1 << 15, 4096, 4, 4, true, true, dev, 4).nv * 4, 8);
-  const Plan c = make_plan(1 << 13, 12288, 4, 4, true, true, dev, 4);
-  EXPECT_GT(c.csize, 1);
-  EXPECT_EQ(c.nv * c.vec, 8);
-  // 16-bit rows: 8 elements a thread up to 4096 (512 threads), then 16, in
-  // one CTA up to 8192 and in clusters beyond.
-  const Plan d = make_plan(1 << 15, 4096, 2, 4, true, true, dev, 2);
-  EXPECT_EQ(d.cta_threads, 512);
-  EXPECT_EQ(d.nv * d.vec, 8);
-  const Plan e = make_plan(1 << 15, 5120, 2, 4, true, true, dev, 2);
-  EXPECT_EQ(e.cta_threads, 320);
-  EXPECT_EQ(e.nv * e.vec, 16);
-  const Plan f = make_plan(1 << 14, 12288, 2, 4, true, true, dev, 2);
-  EXPECT_EQ(f.csize, 2);
-  EXPECT_EQ(f.nv * f.vec, 16);
+  // (cols, element bytes) -> CTAs of a cluster, threads of a CTA (0: any),
+  // elements a thread.
+  struct Case {
+    int64_t cols;
+    int elem, csize, cta_threads, elems;
+  };
+  const Case cases[] = {
+      // fp32 5120 and 8192: 16 elements a thread in one CTA (320 and 512
+      // threads), where 8 elements would need a 2-CTA cluster.
+      {5120, 4, 1, 320, 16},
+      {8192, 4, 1, 512, 16},
+      // fp32 4096 keeps 8 elements, and so do fp32 clusters (12288).
+      {4096, 4, 1, 512, 8},
+      {12288, 4, 4, 0, 8},
+      // 16-bit rows: 8 elements a thread up to 4096 (512 threads), then 16,
+      // in one CTA up to 8192 and in clusters beyond.
+      {4096, 2, 1, 512, 8},
+      {5120, 2, 1, 320, 16},
+      {12288, 2, 2, 384, 16},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "cols=" << c.cols << " elem=" << c.elem);
+    const Plan p = make_plan(1 << 14, c.cols, c.elem, 4, true, true, dev, c.elem);
+    EXPECT_EQ(p.csize, c.csize);
+    if (c.cta_threads) EXPECT_EQ(p.cta_threads, c.cta_threads);
+    EXPECT_EQ(p.nv * p.vec, c.elems);
+  }
 }
