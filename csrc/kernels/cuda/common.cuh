@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "../dtypes.h"
 
@@ -121,7 +122,9 @@ struct Frag<T, VEC, true> {
 };
 
 // A 16-byte load that does not allocate in L1 (x or dy, read once), so that
-// L1 stays with what is reused; other widths take an ordinary load.
+// L1 stays with what is reused; other widths take an ordinary load.  Not
+// volatile and without a memory clobber: the kernels never write what they
+// load this way.  The caller guarantees 16-byte alignment.
 template <typename T, int VEC>
 __device__ __forceinline__ void load_no_l1(Frag<T, VEC>& f, const T* p) {
   if constexpr (sizeof(f.r) == 16) {
@@ -129,7 +132,7 @@ __device__ __forceinline__ void load_no_l1(Frag<T, VEC>& f, const T* p) {
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
-    f.r = *reinterpret_cast<const decltype(f.r)*>(&v);
+    memcpy(&f.r, &v, 16);
   } else {
     f.load(p);
   }
@@ -193,8 +196,11 @@ __device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) v.v[k] = from_acc<T>(in[k]);
   }
-  if constexpr (kEvictFirst && sizeof(V) == 16)
-    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  if constexpr (kEvictFirst && sizeof(V) == 16) {
+    uint4 u;
+    memcpy(&u, &v, 16);
+    __stcs(reinterpret_cast<uint4*>(p), u);
+  }
   else
     *reinterpret_cast<V*>(p) = v;
 }

@@ -1,9 +1,10 @@
 // Forward kernel, row held in registers.  `tpr` threads of a CTA (times
 // `csize` CTAs of a cluster for the largest rows) own one row; each thread
 // keeps NV accesses of VEC elements in the storage dtype (Frag: 16-bit types
-// packed two to a register), and x is read from global memory exactly once.
-// Mean, then variance over the registers (two passes over on-chip data), then
-// y is written.  Rows are visited in a grid-stride loop whose
+// packed two to a register), and x is read from global memory once (plus
+// the row's first element, which every thread reads: L1 serves it).  The
+// statistics come from the registers (see kMaxShiftRatio), then y is
+// written.  Rows are visited in a grid-stride loop whose
 // trip count is uniform across a CTA and its cluster, so every thread takes
 // part in every barrier.
 #pragma once
@@ -59,16 +60,19 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // the registers can (more rows in flight per SM), at one shared-memory load
 // per access and pass.  Takes nv * blockDim.x * 16 bytes (nv: the plan's
 // accesses per thread, at most NV).
-// LayerNorm statistics.  RMSNorm, and LN in the scalar kernels and the
-// 128-byte fp32 threads, reduce sum(x), then sum((x - mean)^2) over the
-// registers: two passes, two reductions.  The other LN kernels reduce the
-// sums of d = x - K and d^2 together, K the row's first element, and need
-// the second pass only for a row whose (mean - K)^2 exceeds kMaxShiftRatio *
-// var (K an outlier); otherwise var = sum(d^2) / n - (mean - K)^2 loses at
-// most about 1 + kMaxShiftRatio ulps to the subtraction.  One reduction
+
+// Statistics.  RMSNorm reduces sum(x^2).  LayerNorm, in most kernels,
+// reduces the sums of d = x - K and d^2 together, K the row's first
+// element: mean = K + sum(d) / n, var = sum(d^2) / n - (mean - K)^2.  The
+// subtraction magnifies the rounding of sum(d^2) by 1 + (mean - K)^2 / var,
+// so a row whose (mean - K)^2 exceeds kMaxShiftRatio * var (K an outlier),
+// or whose var is not finite, takes a second pass, sum((x - mean)^2) over
+// the registers, as the excluded kernels always do: the scalar kernels, the
+// 128-byte fp32 threads, and weights wider than x or x wider than 4 bytes
+// (these spill with both paths: fp32 32768 lost 7 points, bf16 x with fp32
+// weights 1-4).  One reduction
 // instead of two: H200, bf16 5120 87 -> 90, 16384 83 -> 88, fp32 5120 88 ->
-// 93% of copy bandwidth (docs/performance.md v8d).  The excluded kernels
-// spill with both paths (fp32 32768 lost 7 points).
+// 93% of copy bandwidth (docs/performance.md v8d).
 constexpr float kMaxShiftRatio = 8;
 
 template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM = false>
@@ -91,7 +95,8 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
   const W* __restrict__ wg = static_cast<const W*>(p.w);
   const W* __restrict__ bg = static_cast<const W*>(p.b);
   RowReducer<A, 1> red{smem, tpr, lay.csize, row_in_cta};
-  constexpr bool kShifted = X_SMEM || (VEC > 1 && NV * VEC * sizeof(T) <= 64);
+  constexpr bool kShifted =
+      sizeof(W) <= sizeof(T) && sizeof(T) <= 4 && (X_SMEM || (VEC > 1 && NV * VEC * sizeof(T) <= 64));
   __shared__ ReduceSmem<A, 2> smem2;
   RowReducer<A, 2> red2{smem2, tpr, lay.csize, row_in_cta};
   Frag<W, VEC>* wcache = reinterpret_cast<Frag<W, VEC>*>(dyn_smem);
@@ -157,7 +162,7 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
         var = m[1] / A(n) - dm * dm;
         // The sums are identical in every thread of a row; rows that share
         // a warp or a CTA must also agree before the shuffles or barrier.
-        exact = !(dm * dm <= A(kMaxShiftRatio) * var);  // also NaN
+        exact = !(dm * dm <= A(kMaxShiftRatio) * var && var < A(INFINITY));  // also NaN, overflow
         if (rpc > 1) exact = tpr > 32 ? __syncthreads_or(exact) : __any_sync(0xffffffffu, exact);
       } else {
         A s[1] = {0};

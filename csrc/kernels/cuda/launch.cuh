@@ -247,19 +247,22 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   return e;
 }
 
-// Bytes of local memory (spills) a kernel needs per thread, cached per kernel.
+// Bytes of local memory (spills) a kernel needs per thread, cached per
+// kernel and device (devices of different architectures run different
+// code).  Like resident_groups, it asks about the current device: the
+// caller's device guard makes that dev.
 template <typename K>
-size_t local_bytes(K kernel) {
+size_t local_bytes(K kernel, const DeviceInfo& dev) {
   static std::mutex mu;
-  static std::map<const void*, size_t> cache;
-  const void* fn = reinterpret_cast<const void*>(kernel);
+  static std::map<std::pair<const void*, int>, size_t> cache;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), dev.index);
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(fn);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   cudaFuncAttributes attr{};
-  const size_t bytes = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.localSizeBytes : SIZE_MAX;
+  const bool ok = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess;
   cudaGetLastError();
-  return cache[fn] = bytes;
+  return cache[key] = ok ? attr.localSizeBytes : SIZE_MAX;
 }
 
 // The prefetch pipe keeps a second row in registers; its kernel is taken at
@@ -301,7 +304,8 @@ struct BwdShape {
 //   pipe (16 elements a thread) that keeps the most, if that is as many as
 //   kNone's (bf16 12288, 2 x 384 threads, kStagedReread at 80: 53 -> 61,
 //   24576 46 -> 57); 16384 (2 x 512) would lose 58 -> 49.
-// - Else (and on the scalar path) kNone.
+// - One-CTA rows that no staged kernel fits prefetch after all; the rest
+//   (and the scalar path) take kNone.
 template <typename DT, typename DW>
 BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev, size_t* dyn_smem) {
   using A = dacc_t<DT>;
@@ -314,15 +318,16 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
   if (pl.vec == 1) return BwdVariant{};
   BwdVariant pf{BwdPipe::kPrefetch, 128};
   for (int cap : kPrefetchCaps)
-    if (local_bytes(bwd_kernel_for<DT, DW>(pl, BwdVariant{BwdPipe::kPrefetch, cap})) <= kPrefetchMaxSpill) {
+    if (local_bytes(bwd_kernel_for<DT, DW>(pl, BwdVariant{BwdPipe::kPrefetch, cap}), dev) <= kPrefetchMaxSpill) {
       pf.regs = cap;
       break;
     }
   const int64_t pf_threads = per_sm(pf, part), plain = per_sm(BwdVariant{}, part);
   const bool stageable = sizeof(DT) <= 4 && pl.rows_per_cta == 1 && pl.nv * pl.vec == 16;
   if (pf_threads > 0 && pl.csize == 1 && (!stageable || pf_threads * pl.nv * 32 >= kPrefetchMinInflight)) return pf;
-  if (pl.csize > 1 && pf_threads >= plain) return pf;
-  if (!stageable) return BwdVariant{};
+  if (pf_threads > 0 && pl.csize > 1 && pf_threads >= plain) return pf;
+  const BwdVariant fallback = pf_threads > 0 && pl.csize == 1 ? pf : BwdVariant{};
+  if (!stageable) return fallback;
   // Stage buffers: kBwdStages rows of x and dy; the partials reuse them.
   const size_t st = size_t(kBwdStages) * pl.cta_threads * pl.nv * 32, smem = st > part ? st : part;
   const BwdVariant cand[] = {{BwdPipe::kStaged, 128}, {BwdPipe::kStagedReread, 96}, {BwdPipe::kStagedReread, 80}};
@@ -332,7 +337,7 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
     const int64_t t = per_sm(cand[i], smem);
     if (t > best) best = t, pick = i;
   }
-  if (best == 0 || (pl.csize > 1 && best < plain)) return BwdVariant{};
+  if (best == 0 || (pl.csize > 1 && best < plain)) return fallback;
   *dyn_smem = smem;
   return cand[pick];
 }
