@@ -60,7 +60,7 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // the registers can (more rows in flight per SM), at one shared-memory load
 // per access and pass.  Takes nv * blockDim.x * 16 bytes (nv: the plan's
 // accesses per thread, at most NV).
-
+//
 // Statistics.  RMSNorm reduces sum(x^2).  LayerNorm, in most kernels,
 // reduces the sums of d = x - K and d^2 together, K the row's first
 // element: mean = K + sum(d) / n, var = sum(d^2) / n - (mean - K)^2.  The
@@ -70,9 +70,9 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // the registers, as the excluded kernels always do: the scalar kernels, the
 // 128-byte fp32 threads, and weights wider than x or x wider than 4 bytes
 // (these spill with both paths: fp32 32768 lost 7 points, bf16 x with fp32
-// weights 1-4).  One reduction
-// instead of two: H200, bf16 5120 87 -> 90, 16384 83 -> 88, fp32 5120 88 ->
-// 93% of copy bandwidth (docs/performance.md v8d).
+// weights 1-4).  One reduction instead of two: H200, bf16 5120 87 -> 90,
+// 16384 83 -> 88, fp32 5120 88 -> 93% of copy bandwidth (docs/performance.md
+// v8d).
 constexpr float kMaxShiftRatio = 8;
 
 template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM = false>
