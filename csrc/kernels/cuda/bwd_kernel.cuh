@@ -325,28 +325,56 @@ norm_bwd_kernel_capped(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>*
   norm_bwd_rows<T, W, VEC, NV, PIPE>(p, lay, part_w, part_b);
 }
 
-// out[c] = sum over p of part[p * n + c], p ascending, for 32 columns per CTA:
-// 32 x 32 threads, each summing a fixed strided subset of partial rows, then
-// the 32 subsets added in order.  blockIdx.y picks dweight (0) or dbias (1),
-// so one launch finalizes both.  With nparts == 0 it writes zeros.
-template <typename W, typename A>
-__global__ void __launch_bounds__(1024)
+// out[c] = sum over q of part[q * n + c], in a fixed order, so the weight
+// gradients are bitwise reproducible.  A CTA owns 32 * VEC columns (VEC
+// consecutive columns a lane, one 16-byte load where n allows); its
+// kFinWarps warps split the partial rows, warp w taking rows w, w +
+// kFinWarps, ... in ascending order with kFinUnroll loads in flight, and the
+// warps' sums are then added in warp order.  blockIdx.y picks dweight (0) or
+// dbias (1), so one launch finalizes both.  With nparts == 0 it writes zeros.
+// It may be launched as a programmatic dependent of the kernel that wrote
+// the partials (see launch.cuh): it waits for that grid before reading.
+constexpr int kFinWarps = 32, kFinUnroll = 4;
+
+template <typename W, typename A, int VEC>
+__global__ void __launch_bounds__(kFinWarps * 32)
 finalize_kernel(const A* __restrict__ part_w, const A* __restrict__ part_b, int64_t nparts, int64_t n,
                 W* __restrict__ dw, W* __restrict__ db) {
-  __shared__ A s[32][33];
+  __shared__ __align__(16) A s[kFinWarps][32 * VEC];
+  wait_for_primary_grid();
   const A* part = blockIdx.y == 0 ? part_w : part_b;
   W* out = blockIdx.y == 0 ? dw : db;
   if (out == nullptr) return;  // uniform per CTA
-  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  A acc = 0;
-  if (c < n)
-    for (int64_t q = threadIdx.y; q < nparts; q += 32) acc += part[q * n + c];
-  s[threadIdx.y][threadIdx.x] = acc;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c0 = int64_t(blockIdx.x) * 32 * VEC, c = c0 + lane * VEC;
+  A acc[VEC] = {};
+  auto add = [&](const A (&v)[VEC]) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc[k] += v[k];
+  };
+  if (c < n) {
+    int64_t q = warp;
+    for (; q + (kFinUnroll - 1) * kFinWarps < nparts; q += kFinUnroll * kFinWarps) {
+      A v[kFinUnroll][VEC];
+#pragma unroll
+      for (int u = 0; u < kFinUnroll; ++u) load_vec(part + (q + u * kFinWarps) * n + c, v[u]);
+#pragma unroll
+      for (int u = 0; u < kFinUnroll; ++u) add(v[u]);
+    }
+    for (; q < nparts; q += kFinWarps) {
+      A v[VEC];
+      load_vec(part + q * n + c, v);
+      add(v);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) s[warp][lane * VEC + k] = acc[k];
   __syncthreads();
-  if (threadIdx.y != 0 || c >= n) return;
+  const int64_t col = c0 + threadIdx.x;  // one thread per column for the last sum
+  if (threadIdx.x >= 32 * VEC || col >= n) return;
   A total = 0;
-  for (int k = 0; k < 32; ++k) total += s[k][threadIdx.x];
-  out[c] = from_acc<W>(total);
+  for (int w = 0; w < kFinWarps; ++w) total += s[w][threadIdx.x];
+  out[col] = from_acc<W>(total);
 }
 
 }  // namespace fln::cuda

@@ -173,6 +173,16 @@ __device__ __forceinline__ void cp_async_wait_all() {
   cp_async_wait<0>();
 }
 
+// Programmatic dependent launch (sm_90+; a no-op before).  A kernel launched
+// with the programmatic-serialization attribute is set up while the kernel
+// before it on the stream still runs; wait_for_primary_grid() returns once
+// that kernel has finished and its writes are visible.
+__device__ __forceinline__ void wait_for_primary_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Loads VEC elements of T converted to the accumulation type A.
 template <typename A, typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T* p, A (&out)[VEC]) {

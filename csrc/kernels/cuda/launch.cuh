@@ -36,22 +36,30 @@ bool bwd_vec_ok(const BwdParams& p) {
          aligned(p.dy, 16) && aligned(p.dx, 16) && aligned(p.w, sizeof(DW) * V);
 }
 
-// A launch configuration, with the cluster attribute when csize > 1.
+// A launch configuration, with the cluster attribute when csize > 1, and
+// the programmatic-serialization attribute when `dependent` (the kernel may
+// start before the previous kernel on the stream ends, and waits for it with
+// wait_for_primary_grid(); sm_90+).
 struct LaunchConfig {
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  LaunchConfig(dim3 grid, dim3 block, size_t smem, int csize, cudaStream_t stream) {
+  cudaLaunchAttribute attr[2];
+  LaunchConfig(dim3 grid, dim3 block, size_t smem, int csize, cudaStream_t stream, bool dependent = false) {
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
+    cfg.attrs = attr;
     if (csize > 1) {
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = unsigned(csize);
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
+      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = unsigned(csize);
+      a.val.clusterDim.y = 1;
+      a.val.clusterDim.z = 1;
+    }
+    if (dependent) {
+      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
     }
   }
   LaunchConfig(const LaunchConfig&) = delete;  // cfg.attrs points into this object
@@ -62,12 +70,16 @@ struct LaunchConfig {
 // dynamic shared memory or a cluster of more than 8 CTAs has been configured
 // by resident_groups() first, once per device.
 template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, int csize,
-                   cudaStream_t stream, Args... args) {
-  const LaunchConfig lc(grid, block, smem, csize, stream);
+cudaError_t launch_with(const LaunchConfig& lc, void (*kernel)(KArgs...), Args... args) {
   const cudaError_t e = cudaLaunchKernelEx(&lc.cfg, kernel, args...);
   const cudaError_t last = cudaGetLastError();  // also clears a failed launch's error
   return e != cudaSuccess ? e : last;
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, int csize,
+                   cudaStream_t stream, Args... args) {
+  return launch_with(LaunchConfig(grid, block, smem, csize, stream), kernel, args...);
 }
 
 // Row groups (CTAs, or clusters) that fit on the device at once, cached per
@@ -408,11 +420,19 @@ cudaError_t norm_bwd(const BwdParams& p, const DeviceInfo& dev, cudaStream_t str
   using DT = device_t<T>;
   using DW = device_t<W>;
   using A = dacc_t<DT>;
-  // One launch adds up (or, with no rows, zeroes) both weight gradients.
+  // One launch adds up (or, with no rows, zeroes) both weight gradients.  On
+  // sm_90+ it is a programmatic dependent of the kernel that wrote the
+  // partials: its CTAs are launched while that kernel drains, not after.
   auto finalize = [&](const A* part_w, const A* part_b, int64_t nparts) {
     if (!p.dw && !p.db) return cudaSuccess;
-    return launch(&finalize_kernel<DW, A>, dim3(unsigned((p.cols + 31) / 32), 2), dim3(32, 32), 0, 1, stream,
-                  part_w, part_b, nparts, p.cols, static_cast<DW*>(p.dw), static_cast<DW*>(p.db));
+    constexpr int FV = 16 / sizeof(A);
+    const int vec = p.cols % FV == 0 ? FV : 1;
+    const LaunchConfig lc(dim3(unsigned((p.cols + 32 * vec - 1) / (32 * vec)), 2), dim3(kFinWarps * 32), 0, 1,
+                          stream, dev.cc_major >= 9 && nparts > 0);
+    auto* dw = static_cast<DW*>(p.dw);
+    auto* db = static_cast<DW*>(p.db);
+    return vec > 1 ? launch_with(lc, &finalize_kernel<DW, A, FV>, part_w, part_b, nparts, p.cols, dw, db)
+                   : launch_with(lc, &finalize_kernel<DW, A, 1>, part_w, part_b, nparts, p.cols, dw, db);
   };
   if (p.rows == 0) return finalize(nullptr, nullptr, 0);
   const BwdShape s = bwd_shape<T, W>(p, dev);
