@@ -90,6 +90,9 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
   // 64-bit columns: with int columns the shared-memory kernels (X_SMEM) ran
   // 3-5 points slower (v7c).
   const int64_t n = p.cols;
+  // The statistics multiply by 1/n: a division costs about ten instructions
+  // and a branch, in every row (v9c; v4g's loss with this was not repeated).
+  const A inv_n = A(1) / A(n);
   auto col = [&](int i) { return int64_t(i * stride + t) * VEC; };
   const T* __restrict__ xg = static_cast<const T*>(p.x);
   const W* __restrict__ wg = static_cast<const W*>(p.w);
@@ -157,9 +160,9 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
           m[1] += b;
         }
         red2.sum(m);
-        const A dm = m[0] / A(n);
+        const A dm = m[0] * inv_n;
         mean = k0 + dm;
-        var = m[1] / A(n) - dm * dm;
+        var = m[1] * inv_n - dm * dm;
         // The sums are identical in every thread of a row; rows that share
         // a warp or a CTA must also agree before the shuffles or barrier.
         exact = !(dm * dm <= A(kMaxShiftRatio) * var && var < A(INFINITY));  // also NaN, overflow
@@ -176,7 +179,7 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
           s[0] += si;
         }
         red.sum(s);
-        mean = s[0] / A(n);
+        mean = s[0] * inv_n;
       }
     }
     if (exact) {  // uniform: see above
@@ -195,7 +198,7 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
         q[0] += qi;
       }
       red.sum(q);
-      var = q[0] / A(n);
+      var = q[0] * inv_n;
     }
     const A rstd = rsqrt_acc(var + A(p.eps));
     if (live && t == 0) {
@@ -210,26 +213,42 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
     // (docs/performance.md v7b).
     const A shift = -mean * rstd;
     T* yrow = static_cast<T*>(p.y) + row * p.cols;
+    // One loop per weight / bias combination (uniform for the launch), so no
+    // access tests the pointers.
+    auto write_row = [&](auto has_w, auto has_b) {
 #pragma unroll kUnroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t c = col(i);
-      if (c >= n) continue;
-      Frag<W, VEC> w, b;
-      if constexpr (CACHE_WB) {
-        if (wg) w = wcache[i * blockDim.x + threadIdx.x];
-        if (bg) b = bcache[i * blockDim.x + threadIdx.x];
-      } else {
-        if (wg) w.load(wg + c);
-        if (bg) b.load(bg + c);
-      }
-      const Frag<T, VEC> xi = x(i);
-      A y[VEC];
+      for (int i = 0; i < NV; ++i) {
+        const int64_t c = col(i);
+        if (c >= n) continue;
+        Frag<W, VEC> w, b;
+        if constexpr (CACHE_WB) {
+          if constexpr (has_w()) w = wcache[i * blockDim.x + threadIdx.x];
+          if constexpr (has_b()) b = bcache[i * blockDim.x + threadIdx.x];
+        } else {
+          if constexpr (has_w()) w.load(wg + c);
+          if constexpr (has_b()) b.load(bg + c);
+        }
+        const Frag<T, VEC> xi = x(i);
+        A y[VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const A xh = xi.get(k) * rstd + shift;
-        y[k] = wg ? (bg ? xh * w.get(k) + b.get(k) : xh * w.get(k)) : (bg ? xh + b.get(k) : xh);
+        for (int k = 0; k < VEC; ++k) {
+          const A xh = xi.get(k) * rstd + shift;
+          if constexpr (has_w() && has_b()) y[k] = xh * w.get(k) + b.get(k);
+          else if constexpr (has_w()) y[k] = xh * w.get(k);
+          else if constexpr (has_b()) y[k] = xh + b.get(k);
+          else y[k] = xh;
+        }
+        store_vec(yrow + c, y);
       }
-      store_vec(yrow + c, y);
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (wg) {
+      if (bg) write_row(Yes{}, Yes{});
+      else write_row(Yes{}, No{});
+    } else {
+      if (bg) write_row(No{}, Yes{});
+      else write_row(No{}, No{});
     }
   }
   red.finish();  // also keeps red2's buffers alive for the other CTAs of a cluster
