@@ -183,22 +183,29 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
       }
     }
     if (exact) {  // uniform: see above
-      A q[1] = {0};
+      // sum((x - mean)^2); RMSNorm's sum(x^2) without the subtraction of 0,
+      // and there the register padding (zeros) needs no test.
+      auto sum_sq = [&](auto centered) {
+        A q[1] = {0};
 #pragma unroll kUnroll
-      for (int i = 0; i < NV; ++i) {
-        if (col(i) >= n) continue;  // padding: zeros, not x - mean
-        if (X_SMEM && !live) continue;
-        const Frag<T, VEC> xi = x(i);
-        A qi = 0;
+        for (int i = 0; i < NV; ++i) {
+          const bool valid = col(i) < n;
+          if (X_SMEM && (!live || !valid)) continue;  // unwritten slots
+          if (centered() && !valid) continue;  // padding: zeros, not x - mean
+          const Frag<T, VEC> xi = x(i);
+          A qi = 0;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const A d = xi.get(k) - mean;
-          qi += d * d;
+          for (int k = 0; k < VEC; ++k) {
+            const A d = centered() ? xi.get(k) - mean : xi.get(k);
+            qi += d * d;
+          }
+          q[0] += qi;
         }
-        q[0] += qi;
-      }
-      red.sum(q);
-      var = q[0] * inv_n;
+        red.sum(q);
+        var = q[0] * inv_n;
+      };
+      if (p.rms) sum_sq(std::false_type{});
+      else sum_sq(std::true_type{});
     }
     const A rstd = rsqrt_acc(var + A(p.eps));
     if (live && t == 0) {
