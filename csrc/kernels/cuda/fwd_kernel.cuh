@@ -129,6 +129,10 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
         else xr[i].zero();
       }
     }
+    // LayerNorm's shift K, the row's first element, loaded with the row
+    // (after the wait, a shared-memory row paid a second memory latency).
+    A k0 = 0;
+    if (kShifted && !p.rms && live) k0 = to_acc(xrow[0]);
     if constexpr (X_SMEM) cp_async_wait_all();
     auto x = [&](int i) -> Frag<T, VEC> {
       if constexpr (X_SMEM) return xs[i * blockDim.x];
@@ -142,7 +146,6 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
         // Sums of d = x - K and d^2, K the row's first element, in one
         // reduction: mean = K + sum(d) / n, var = sum(d^2) / n - (mean -
         // K)^2 (padding columns skipped, not counted as -K).
-        const A k0 = live ? to_acc(xrow[0]) : A(0);
         A m[2] = {0, 0};
 #pragma unroll kUnroll
         for (int i = 0; i < NV; ++i) {
