@@ -1,10 +1,13 @@
 // Autograd in C++ (works from LibTorch as well as Python): each
-// differentiable op is a torch::autograd::Function that calls the registered
-// forward op below autograd, saves what the backward op needs, and asks the
-// backward op only for the gradients autograd needs.  Both calls go through
-// the dispatcher, so torch.compile traces them as the fwd/bwd ops.
+// differentiable op calls the registered forward op below autograd and, when
+// a gradient is needed, records a backward node that saves what the backward
+// op needs and asks it only for the gradients autograd needs.  Both calls go
+// through the dispatcher, so torch.compile traces them as the fwd/bwd ops.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 
 #include "norm_ops.h"
 
@@ -12,7 +15,8 @@ namespace fln::glue {
 
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
 template <typename Sig>
@@ -36,79 +40,108 @@ const auto& rms_bwd_op() { static auto op = find_op<RmsBwdSig>("fused_layernorm:
 
 OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
-class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+// The backward nodes, written like torch's generated ones: a Node that holds
+// SavedVariables and calls the registered backward op.  (A
+// torch::autograd::Function did the same with more host work per call: a
+// context, a saved-data dictionary and per-input metadata.)  Edges are
+// fixed, input, weight, bias, an absent tensor's edge invalid, so edge i is
+// gradient i.
+class LayerNormBackward : public Node {
  public:
-  static Tensor forward(AutogradContext* ctx, const Tensor& input, at::IntArrayRef shape, const OptTensor& w,
-                        const OptTensor& b, double eps) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, mean, rstd] = ln_fwd_op().call(input, shape, w, b, eps);
-    ctx->save_for_backward({input, w.value_or(Tensor()), b.value_or(Tensor()), mean, rstd});
-    ctx->saved_data["shape"] = shape.vec();
-    return y;
-  }
+  SavedVariable input, weight, bias, mean, rstd;
+  std::vector<int64_t> shape;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const Tensor &input = s[0], &w = s[1], &b = s[2];
-    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
-    const auto shape = ctx->saved_data["shape"].toIntVector();
-    // needs_input_grad counts only the tensors that were given: input, then
-    // weight and bias if present.
-    size_t edge = 0;
-    const bool gx = ctx->needs_input_grad(edge++);
-    const bool gw = w.defined() && ctx->needs_input_grad(edge++);
-    const bool gb = b.defined() && ctx->needs_input_grad(edge++);
-    const std::array<bool, 3> mask{gx, gw, gb};
-    auto [dx, dw, db] = ln_bwd_op().call(grads[0], input, shape, s[3], s[4], opt(w), opt(b), mask);
-    return {dx, Tensor(), dw, db, Tensor()};
+  std::string name() const override { return "fused_layernorm::LayerNormBackward"; }
+  void release_variables() override {
+    input.reset_data();
+    weight.reset_data();
+    bias.reset_data();
+    mean.reset_data();
+    rstd.reset_data();
+  }
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return variable_list(3);
+    const Tensor w = weight.unpack(), b = bias.unpack();
+    const std::array<bool, 3> mask{task_should_compute_output(0), w.defined() && task_should_compute_output(1),
+                                   b.defined() && task_should_compute_output(2)};
+    auto [dx, dw, db] = ln_bwd_op().call(grads[0], input.unpack(), shape, mean.unpack(), rstd.unpack(), opt(w),
+                                         opt(b), mask);
+    return {std::move(dx), std::move(dw), std::move(db)};
   }
 };
 
-class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
+class RMSNormBackward : public Node {
  public:
-  static Tensor forward(AutogradContext* ctx, const Tensor& input, at::IntArrayRef shape, const OptTensor& w,
-                        std::optional<double> eps) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, rstd] = rms_fwd_op().call(input, shape, w, eps);
-    ctx->save_for_backward({input, w.value_or(Tensor()), rstd});
-    ctx->saved_data["shape"] = shape.vec();
-    return y;
-  }
+  SavedVariable input, weight, rstd;
+  std::vector<int64_t> shape;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const Tensor &input = s[0], &w = s[1];
-    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
-    const auto shape = ctx->saved_data["shape"].toIntVector();
-    const std::array<bool, 2> mask{ctx->needs_input_grad(0), w.defined() && ctx->needs_input_grad(1)};  // as above
-    auto [dx, dw] = rms_bwd_op().call(grads[0], input, shape, s[2], opt(w), mask);
-    return {dx, Tensor(), dw, Tensor()};
+  std::string name() const override { return "fused_layernorm::RMSNormBackward"; }
+  void release_variables() override {
+    input.reset_data();
+    weight.reset_data();
+    rstd.reset_data();
+  }
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return variable_list(2);
+    const Tensor w = weight.unpack();
+    const std::array<bool, 2> mask{task_should_compute_output(0), w.defined() && task_should_compute_output(1)};
+    auto [dx, dw] = rms_bwd_op().call(grads[0], input.unpack(), shape, rstd.unpack(), opt(w), mask);
+    return {std::move(dx), std::move(dw)};
   }
 };
 
-}  // namespace
+// Saves a tensor that may be absent (an optional weight or bias).
+SavedVariable save(const OptTensor& t) { return t && t->defined() ? SavedVariable(*t, false) : SavedVariable(); }
 
-namespace {
-// Whether autograd has anything to record: otherwise the ops skip the
-// Function machinery (about 1.5 us a call) and run the forward op directly.
+template <typename N>
+std::shared_ptr<N> make_node() {
+  return std::shared_ptr<N>(new N(), torch::autograd::deleteNode);
+}
+
+// Whether autograd has anything to record: otherwise no node is made.
 bool records_grad(const Tensor& input, const OptTensor& w, const OptTensor& b = std::nullopt) {
   return at::GradMode::is_enabled() &&
          (input.requires_grad() || (w && w->requires_grad()) || (b && b->requires_grad()));
 }
+
 }  // namespace
 
 Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b,
                            double eps) {
-  if (records_grad(input, w, b)) return LayerNormFunction::apply(input, shape, w, b, eps);
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return std::get<0>(ln_fwd_op().call(input, shape, w, b, eps));
+  Tensor y, mean, rstd;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    std::tie(y, mean, rstd) = ln_fwd_op().call(input, shape, w, b, eps);
+  }
+  if (!records_grad(input, w, b)) return y;
+  auto node = make_node<LayerNormBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(input, w, b));
+  node->input = SavedVariable(input, false);
+  node->weight = save(w);
+  node->bias = save(b);
+  node->mean = SavedVariable(mean, false);
+  node->rstd = SavedVariable(rstd, false);
+  node->shape = shape.vec();
+  torch::autograd::set_history(y, node);
+  return y;
 }
 
 Tensor rms_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTensor& w,
                          std::optional<double> eps) {
-  if (records_grad(input, w)) return RMSNormFunction::apply(input, shape, w, eps);
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return std::get<0>(rms_fwd_op().call(input, shape, w, eps));
+  Tensor y, rstd;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    std::tie(y, rstd) = rms_fwd_op().call(input, shape, w, eps);
+  }
+  if (!records_grad(input, w)) return y;
+  auto node = make_node<RMSNormBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(input, w));
+  node->input = SavedVariable(input, false);
+  node->weight = save(w);
+  node->rstd = SavedVariable(rstd, false);
+  node->shape = shape.vec();
+  torch::autograd::set_history(y, node);
+  return y;
 }
 
 // Entry points for Python's fast path: the differentiable ops through the

@@ -80,7 +80,7 @@ std::tuple<Tensor, Tensor> rms_norm_fwd_meta(const Tensor& input, at::IntArrayRe
 std::tuple<Tensor, Tensor> rms_norm_bwd_meta(const Tensor& dy, const Tensor& input, at::IntArrayRef shape,
                                              const Tensor& rstd, const OptTensor& w, std::array<bool, 2> mask);
 
-// The differentiable ops: autograd (C++ autograd::Function) and the plain
+// The differentiable ops: autograd (a C++ backward node) and the plain
 // composite used below autograd (inference mode, meta).
 Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b,
                            double eps);

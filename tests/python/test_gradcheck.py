@@ -46,3 +46,32 @@ def test_gradcheck_noncontiguous_input(kind, device, seed):
         assert gradcheck(lambda x, w, b: layer_norm(x, (8,), w, b), (x, w, b))
     else:
         assert gradcheck(lambda x, w: rms_norm(x, (8,), w), (x, w))
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_backward_node_saved_tensors(kind, device, seed):
+    """The backward node keeps its saved tensors as autograd does: a second
+    backward needs retain_graph (and then gives the same gradients), an
+    in-place change of a saved input is an error, and gradients are asked
+    only for what needs them."""
+    gen = generator(seed)
+    x = _leaf((4, 8), device, gen)
+    w = _leaf((8,), device, gen, offset=1.0)
+    b = _leaf((8,), device, gen)
+    f = (lambda x: layer_norm(x, (8,), w, b)) if kind == "ln" else (lambda x: rms_norm(x, (8,), w))
+    y = f(x)
+    dy = randn((4, 8), dtype=torch.float64, device=device, gen=gen)
+    first = torch.autograd.grad(y, [x, w], dy, retain_graph=True)
+    second = torch.autograd.grad(y, [x, w], dy)
+    for a, c in zip(first, second):
+        assert torch.equal(a, c)
+    with pytest.raises(RuntimeError, match="second time"):
+        torch.autograd.grad(y, [x], dy)
+    (dw,) = torch.autograd.grad(f(x), [w], dy)  # weight only: no input gradient asked for
+    torch.testing.assert_close(dw, first[1])
+    x2 = x.detach().clone().requires_grad_()
+    y2 = f(x2)
+    with torch.no_grad():
+        x2.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y2.backward(dy)
