@@ -75,8 +75,14 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // v8d).
 constexpr float kMaxShiftRatio = 8;
 
+// inv_n is 1 / cols, rounded once on the host.  The statistics multiply by
+// it: a division costs about ten instructions and a branch in every row,
+// and a reciprocal computed in the kernel holds a register for the whole
+// kernel (the fp32 128-byte threads then spilled 8 bytes more and lost 2
+// points, v9h); a kernel parameter is read from the constant bank.
 template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM = false>
-__global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p, RowLayout lay) {
+__global__ void __launch_bounds__(kMaxCtaThreads, 2)
+norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   static_assert(!(X_SMEM && CACHE_WB), "one use of the dynamic shared memory at a time");
   // Registers must be indexed by constants (full unroll); the shared-memory
   // loops are unrolled by 4, or their per-access addresses would all stay live.
@@ -90,9 +96,6 @@ __global__ void __launch_bounds__(kMaxCtaThreads, 2) norm_fwd_kernel(FwdParams p
   // 64-bit columns: with int columns the shared-memory kernels (X_SMEM) ran
   // 3-5 points slower (v7c).
   const int64_t n = p.cols;
-  // The statistics multiply by 1/n: a division costs about ten instructions
-  // and a branch, in every row (v9c; v4g's loss with this was not repeated).
-  const A inv_n = A(1) / A(n);
   auto col = [&](int i) { return int64_t(i * stride + t) * VEC; };
   const T* __restrict__ xg = static_cast<const T*>(p.x);
   const W* __restrict__ wg = static_cast<const W*>(p.w);

@@ -127,7 +127,7 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
 // Instantiation chooser: the kernel holding NV accesses of VEC for the
 // smallest power of two NV >= nv that the register budget allows.
 template <typename DT, typename DW, int VEC, bool CACHE_WB, bool X_SMEM = false, int NV = 1>
-auto pick_fwd(int nv) -> void (*)(FwdParams, RowLayout) {
+auto pick_fwd(int nv) -> void (*)(FwdParams, RowLayout, dacc_t<DT>) {
   constexpr int kMax = X_SMEM ? kXSmemMaxNv : max_accesses(false, VEC, sizeof(DT), true);
   if constexpr (NV >= kMax) {
     return &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM>;
@@ -239,7 +239,7 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
     if (resident > 0) {
       if (persistent && resident < groups) groups = resident;
       return launch(kernel, dim3(unsigned(groups * pl.csize)), dim3(pl.cta_threads), smem, pl.csize, stream, p,
-                    RowLayout{pl.tpr, pl.csize});
+                    RowLayout{pl.tpr, pl.csize}, A(1.0 / double(p.cols)));
     }
   }
   // Split path (also when a cluster plan finds no room on the device).
