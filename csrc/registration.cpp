@@ -1,6 +1,7 @@
 // The one registration file: every schema is defined here once, and each
 // backend (CPU, CUDA, Meta, Autograd, CompositeExplicitAutograd) supplies its
 // kernels.  Loading the extension's shared library runs these registrations.
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 #include <torch/python.h>
 
@@ -45,9 +46,16 @@ TORCH_LIBRARY_IMPL(fused_layernorm, Meta, m) {
   m.impl("rms_norm_bwd", &rms_norm_bwd_meta);
 }
 
+// The fwd/bwd ops have no derivative of their own: called where autograd
+// records (a direct call on inputs that require grad, or the backward op
+// under create_graph, i.e. double backward and torch.func.hessian), their
+// outputs get a node that raises "not implemented" if differentiated,
+// rather than gradients that silently miss a term.
 TORCH_LIBRARY_IMPL(fused_layernorm, Autograd, m) {
   m.impl("layer_norm", &layer_norm_autograd);
   m.impl("rms_norm", &rms_norm_autograd);
+  for (const char* op : {"layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd"})
+    m.impl(op, torch::autograd::autogradNotImplementedFallback());
 }
 
 TORCH_LIBRARY_IMPL(fused_layernorm, CompositeExplicitAutograd, m) {

@@ -9,6 +9,8 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <mutex>
+
 #include "norm_ops.h"
 
 namespace fln::glue {
@@ -53,6 +55,7 @@ class LayerNormBackward : public Node {
 
   std::string name() const override { return "fused_layernorm::LayerNormBackward"; }
   void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
     input.reset_data();
     weight.reset_data();
     bias.reset_data();
@@ -60,6 +63,7 @@ class LayerNormBackward : public Node {
     rstd.reset_data();
   }
   variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
     if (!grads[0].defined()) return variable_list(3);
     const Tensor w = weight.unpack(), b = bias.unpack();
     const std::array<bool, 3> mask{task_should_compute_output(0), w.defined() && task_should_compute_output(1),
@@ -77,11 +81,13 @@ class RMSNormBackward : public Node {
 
   std::string name() const override { return "fused_layernorm::RMSNormBackward"; }
   void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
     input.reset_data();
     weight.reset_data();
     rstd.reset_data();
   }
   variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
     if (!grads[0].defined()) return variable_list(2);
     const Tensor w = weight.unpack();
     const std::array<bool, 2> mask{task_should_compute_output(0), w.defined() && task_should_compute_output(1)};
@@ -98,6 +104,14 @@ std::shared_ptr<N> make_node() {
   return std::shared_ptr<N>(new N(), torch::autograd::deleteNode);
 }
 
+// Forward-mode AD (dual tensors, torch.func.jvp / jacfwd) has no formula
+// here: an error, not a tangent silently dropped.
+void check_no_forward_grad(const char* op, const Tensor& input, const OptTensor& w, const OptTensor& b) {
+  auto dual = [](const OptTensor& t) { return t && t->defined() && t->_fw_grad(/*level=*/0).defined(); };
+  TORCH_CHECK(!dual(input) && !dual(w) && !dual(b), op,
+              ": forward-mode AD (dual tensors, torch.func.jvp, jacfwd) is not implemented");
+}
+
 // Whether autograd has anything to record: otherwise no node is made.
 bool records_grad(const Tensor& input, const OptTensor& w, const OptTensor& b = std::nullopt) {
   return at::GradMode::is_enabled() &&
@@ -108,6 +122,7 @@ bool records_grad(const Tensor& input, const OptTensor& w, const OptTensor& b = 
 
 Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b,
                            double eps) {
+  check_no_forward_grad("fused_layernorm::layer_norm", input, w, b);
   Tensor y, mean, rstd;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -128,6 +143,7 @@ Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef shape, const Opt
 
 Tensor rms_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTensor& w,
                          std::optional<double> eps) {
+  check_no_forward_grad("fused_layernorm::rms_norm", input, w, std::nullopt);
   Tensor y, rstd;
   {
     at::AutoDispatchBelowADInplaceOrView guard;

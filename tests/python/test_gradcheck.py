@@ -75,3 +75,21 @@ def test_backward_node_saved_tensors(kind, device, seed):
         x2.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y2.backward(dy)
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_unsupported_derivatives_raise(kind, device, seed):
+    """No second derivative and no forward-mode AD: each is an error, never a
+    gradient that silently misses a term or a tangent silently dropped."""
+    gen = generator(seed)
+    x = _leaf((4, 8), device, gen)
+    w = _leaf((8,), device, gen, offset=1.0)
+    b = _leaf((8,), device, gen)
+    f = (lambda x, w: layer_norm(x, (8,), w, b)) if kind == "ln" else (lambda x, w: rms_norm(x, (8,), w))
+    (gx,) = torch.autograd.grad(f(x, w).pow(3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        torch.autograd.grad(gx.sum(), [x, w])
+    with pytest.raises(RuntimeError, match="not implemented|does not support"):
+        torch.func.hessian(lambda a: f(a, w.detach()).pow(3).sum())(x.detach())
+    with pytest.raises(RuntimeError, match="forward-mode AD|does not support"):
+        torch.func.jvp(lambda a: f(a, w.detach()), (x.detach(),), (torch.ones_like(x),))

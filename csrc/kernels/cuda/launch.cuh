@@ -259,22 +259,35 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   return e;
 }
 
-// Bytes of local memory (spills) a kernel needs per thread, cached per
-// kernel and device (devices of different architectures run different
-// code).  Like resident_groups, it asks about the current device: the
-// caller's device guard makes that dev.
+// A kernel's attributes, cached per kernel and device (devices of
+// different architectures run different code).  Like resident_groups, it
+// asks about the current device: the caller's device guard makes that dev.
+struct KernelAttrs {
+  size_t local_bytes = SIZE_MAX;  // local memory (spills) per thread
+  int ptx_version = 0;            // the virtual architecture its code was compiled for, e.g. 90
+};
+
 template <typename K>
-size_t local_bytes(K kernel, const DeviceInfo& dev) {
+KernelAttrs kernel_attrs(K kernel, const DeviceInfo& dev) {
   static std::mutex mu;
-  static std::map<std::pair<const void*, int>, size_t> cache;
+  static std::map<std::pair<const void*, int>, KernelAttrs> cache;
   const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), dev.index);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   cudaFuncAttributes attr{};
-  const bool ok = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess;
+  KernelAttrs a;
+  if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess) {
+    a.local_bytes = attr.localSizeBytes;
+    a.ptx_version = attr.ptxVersion;
+  }
   cudaGetLastError();
-  return cache[key] = ok ? attr.localSizeBytes : SIZE_MAX;
+  return cache[key] = a;
+}
+
+template <typename K>
+size_t local_bytes(K kernel, const DeviceInfo& dev) {
+  return kernel_attrs(kernel, dev).local_bytes;
 }
 
 // The prefetch pipe keeps a second row in registers; its kernel is taken at
@@ -423,16 +436,17 @@ cudaError_t norm_bwd(const BwdParams& p, const DeviceInfo& dev, cudaStream_t str
   // One launch adds up (or, with no rows, zeroes) both weight gradients.  On
   // sm_90+ it is a programmatic dependent of the kernel that wrote the
   // partials: its CTAs are launched while that kernel drains, not after.
+  // Only if its code was compiled for sm_90+ (not JIT-compiled from older
+  // PTX), which is what makes it wait for that kernel.
   auto finalize = [&](const A* part_w, const A* part_b, int64_t nparts) {
     if (!p.dw && !p.db) return cudaSuccess;
     constexpr int FV = 16 / sizeof(A);
+    auto* kernel = p.cols % FV == 0 ? &finalize_kernel<DW, A, FV> : &finalize_kernel<DW, A, 1>;
     const int vec = p.cols % FV == 0 ? FV : 1;
+    const bool dependent = nparts > 0 && dev.cc_major >= 9 && kernel_attrs(kernel, dev).ptx_version >= 90;
     const LaunchConfig lc(dim3(unsigned((p.cols + 32 * vec - 1) / (32 * vec)), 2), dim3(kFinWarps * 32), 0, 1,
-                          stream, dev.cc_major >= 9 && nparts > 0);
-    auto* dw = static_cast<DW*>(p.dw);
-    auto* db = static_cast<DW*>(p.db);
-    return vec > 1 ? launch_with(lc, &finalize_kernel<DW, A, FV>, part_w, part_b, nparts, p.cols, dw, db)
-                   : launch_with(lc, &finalize_kernel<DW, A, 1>, part_w, part_b, nparts, p.cols, dw, db);
+                          stream, dependent);
+    return launch_with(lc, kernel, part_w, part_b, nparts, p.cols, static_cast<DW*>(p.dw), static_cast<DW*>(p.db));
   };
   if (p.rows == 0) return finalize(nullptr, nullptr, 0);
   const BwdShape s = bwd_shape<T, W>(p, dev);
