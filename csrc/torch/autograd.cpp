@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <array>
 #include <mutex>
 
 #include "norm_ops.h"
@@ -46,52 +47,47 @@ OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullop
 // SavedVariables and calls the registered backward op.  (A
 // torch::autograd::Function did the same with more host work per call: a
 // context, a saved-data dictionary and per-input metadata.)  Edges are
-// fixed, input, weight, bias, an absent tensor's edge invalid, so edge i is
-// gradient i.
-class LayerNormBackward : public Node {
+// fixed, input, weight, bias, so edge i is gradient i; an absent tensor, or
+// one that needs no gradient, has an invalid edge, for which
+// task_should_compute_output is false.
+template <size_t kSaved>
+class NormBackward : public Node {
  public:
-  SavedVariable input, weight, bias, mean, rstd;
+  std::array<SavedVariable, kSaved> saved;
   std::vector<int64_t> shape;
 
-  std::string name() const override { return "fused_layernorm::LayerNormBackward"; }
   void release_variables() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    input.reset_data();
-    weight.reset_data();
-    bias.reset_data();
-    mean.reset_data();
-    rstd.reset_data();
+    for (auto& s : saved) s.reset_data();
   }
+};
+
+class LayerNormBackward : public NormBackward<5> {
+ public:
+  enum { kInput, kWeight, kBias, kMean, kRstd };
+  std::string name() const override { return "fused_layernorm::LayerNormBackward"; }
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!grads[0].defined()) return variable_list(3);
-    const Tensor w = weight.unpack(), b = bias.unpack();
-    const std::array<bool, 3> mask{task_should_compute_output(0), w.defined() && task_should_compute_output(1),
-                                   b.defined() && task_should_compute_output(2)};
-    auto [dx, dw, db] = ln_bwd_op().call(grads[0], input.unpack(), shape, mean.unpack(), rstd.unpack(), opt(w),
-                                         opt(b), mask);
+    const std::array<bool, 3> mask{task_should_compute_output(0), task_should_compute_output(1),
+                                   task_should_compute_output(2)};
+    auto [dx, dw, db] = ln_bwd_op().call(grads[0], saved[kInput].unpack(), shape, saved[kMean].unpack(),
+                                         saved[kRstd].unpack(), opt(saved[kWeight].unpack()),
+                                         opt(saved[kBias].unpack()), mask);
     return {std::move(dx), std::move(dw), std::move(db)};
   }
 };
 
-class RMSNormBackward : public Node {
+class RMSNormBackward : public NormBackward<3> {
  public:
-  SavedVariable input, weight, rstd;
-  std::vector<int64_t> shape;
-
+  enum { kInput, kWeight, kRstd };
   std::string name() const override { return "fused_layernorm::RMSNormBackward"; }
-  void release_variables() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    input.reset_data();
-    weight.reset_data();
-    rstd.reset_data();
-  }
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!grads[0].defined()) return variable_list(2);
-    const Tensor w = weight.unpack();
-    const std::array<bool, 2> mask{task_should_compute_output(0), w.defined() && task_should_compute_output(1)};
-    auto [dx, dw] = rms_bwd_op().call(grads[0], input.unpack(), shape, rstd.unpack(), opt(w), mask);
+    const std::array<bool, 2> mask{task_should_compute_output(0), task_should_compute_output(1)};
+    auto [dx, dw] = rms_bwd_op().call(grads[0], saved[kInput].unpack(), shape, saved[kRstd].unpack(),
+                                      opt(saved[kWeight].unpack()), mask);
     return {std::move(dx), std::move(dw)};
   }
 };
@@ -131,11 +127,11 @@ Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef shape, const Opt
   if (!records_grad(input, w, b)) return y;
   auto node = make_node<LayerNormBackward>();
   node->set_next_edges(torch::autograd::collect_next_edges(input, w, b));
-  node->input = SavedVariable(input, false);
-  node->weight = save(w);
-  node->bias = save(b);
-  node->mean = SavedVariable(mean, false);
-  node->rstd = SavedVariable(rstd, false);
+  node->saved[LayerNormBackward::kInput] = SavedVariable(input, false);
+  node->saved[LayerNormBackward::kWeight] = save(w);
+  node->saved[LayerNormBackward::kBias] = save(b);
+  node->saved[LayerNormBackward::kMean] = SavedVariable(mean, false);
+  node->saved[LayerNormBackward::kRstd] = SavedVariable(rstd, false);
   node->shape = shape.vec();
   torch::autograd::set_history(y, node);
   return y;
@@ -152,9 +148,9 @@ Tensor rms_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTe
   if (!records_grad(input, w)) return y;
   auto node = make_node<RMSNormBackward>();
   node->set_next_edges(torch::autograd::collect_next_edges(input, w));
-  node->input = SavedVariable(input, false);
-  node->weight = save(w);
-  node->rstd = SavedVariable(rstd, false);
+  node->saved[RMSNormBackward::kInput] = SavedVariable(input, false);
+  node->saved[RMSNormBackward::kWeight] = save(w);
+  node->saved[RMSNormBackward::kRstd] = SavedVariable(rstd, false);
   node->shape = shape.vec();
   torch::autograd::set_history(y, node);
   return y;

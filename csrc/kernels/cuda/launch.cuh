@@ -441,8 +441,8 @@ cudaError_t norm_bwd(const BwdParams& p, const DeviceInfo& dev, cudaStream_t str
   auto finalize = [&](const A* part_w, const A* part_b, int64_t nparts) {
     if (!p.dw && !p.db) return cudaSuccess;
     constexpr int FV = 16 / sizeof(A);
-    auto* kernel = p.cols % FV == 0 ? &finalize_kernel<DW, A, FV> : &finalize_kernel<DW, A, 1>;
     const int vec = p.cols % FV == 0 ? FV : 1;
+    auto* kernel = vec > 1 ? &finalize_kernel<DW, A, FV> : &finalize_kernel<DW, A, 1>;
     const bool dependent = nparts > 0 && dev.cc_major >= 9 && kernel_attrs(kernel, dev).ptx_version >= 90;
     const LaunchConfig lc(dim3(unsigned((p.cols + 32 * vec - 1) / (32 * vec)), 2), dim3(kFinWarps * 32), 0, 1,
                           stream, dependent);
