@@ -138,6 +138,21 @@ __device__ __forceinline__ void load_no_l1(Frag<T, VEC>& f, const T* p) {
   }
 }
 
+// A 16-byte load kept in L1 ahead of other lines (evict_last): data every
+// row reads again, such as a weight.  Other widths take an ordinary load.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_l1_last(Frag<T, VEC>& f, const T* p) {
+  if constexpr (sizeof(f.r) == 16) {
+    uint4 v;
+    asm("ld.global.nc.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    memcpy(&f.r, &v, 16);
+  } else {
+    f.load(p);
+  }
+}
+
 // 16 bytes global -> shared memory without passing through registers
 // (cp.async, sm_80+; a plain copy before).  The data is visible to the
 // issuing thread after cp_async_wait_all().

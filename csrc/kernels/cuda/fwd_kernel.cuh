@@ -59,7 +59,13 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // copied, so no barrier is needed.  Shared memory holds more of a row than
 // the registers can (more rows in flight per SM), at one shared-memory load
 // per access and pass.  Takes nv * blockDim.x * 16 bytes (nv: the plan's
-// accesses per thread, at most NV).
+// accesses per thread, at most NV).  Weight and bias are read from L1 for
+// every row, loaded evict_last so that the lines the other rows of the SM
+// reuse stay there: at 2 x 64 KB of rows in shared memory an SM has about 124
+// KB of L1 for 128 KB of fp32 16384 weight and bias, and LayerNorm's bias
+// costs 10 points of copy bandwidth where RMSNorm fits (H200: fp32 16384 LN
+// 81.5 -> 85.8, bf16 32768 74.4 -> 76.3; streaming the bias past L1 instead
+// lost 9-17 points: docs/performance.md v10b).
 //
 // Statistics.  RMSNorm reduces sum(x^2).  LayerNorm, in most kernels,
 // reduces the sums of d = x - K and d^2 together, K the row's first
@@ -237,6 +243,9 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
         if constexpr (CACHE_WB) {
           if constexpr (has_w()) w = wcache[i * blockDim.x + threadIdx.x];
           if constexpr (has_b()) b = bcache[i * blockDim.x + threadIdx.x];
+        } else if constexpr (X_SMEM) {  // see kernel comment: weight and bias kept in L1
+          if constexpr (has_w()) load_l1_last(w, wg + c);
+          if constexpr (has_b()) load_l1_last(b, bg + c);
         } else {
           if constexpr (has_w()) w.load(wg + c);
           if constexpr (has_b()) b.load(bg + c);
