@@ -214,9 +214,10 @@ inline SplitShape split_shape(int64_t rows, int64_t cols, int vec) {
 // Which rows take the register kernels (the rest take the split paths), from
 // H200 measurements (docs/performance.md): the forward keeps clusters of up
 // to 16 CTAs (bf16 65536: 48% of copy bandwidth, split 34%); the backward
-// keeps at most 4 (fp32 16384: 4 CTAs 61%, split 53%; bf16 65536: 8 CTAs
-// 45%, split 47%; bf16 131072: 16 CTAs 33%, split 45%).
-inline bool use_register_kernel(const Plan& pl, bool bwd) { return pl.registers && (!bwd || pl.csize <= 4); }
+// keeps at most 8 (v10d, % of copy against the split path: fp32 32768, 8
+// CTAs, 69.2 against 56.8; bf16 65536 55.2 / 52.8; 16 CTAs lose: bf16
+// 131072 37 / 52, fp32 65536 42 / 57).
+inline bool use_register_kernel(const Plan& pl, bool bwd) { return pl.registers && (!bwd || pl.csize <= 8); }
 
 template <typename T, typename W>
 cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream, Workspace ws) {
