@@ -108,10 +108,12 @@ def test_hidden_size_sweep(kind, dtype, hidden, seed):
 
 @kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [32768, 65536, 131072])
+@pytest.mark.parametrize("hidden", [20480, 32768, 49152, 65536, 131072])
 def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     """Enough rows that each persistent cluster walks several, reusing its
-    weight/bias slice (cached in shared memory for 16-bit inputs)."""
+    weight/bias slice (cached in shared memory for 16-bit inputs).  The
+    backward runs clusters of up to 8 CTAs: fp32 20480 and 32768, 16-bit
+    49152 and 65536 fill them with 320-512 threads a CTA."""
     check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 

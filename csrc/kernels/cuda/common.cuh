@@ -140,6 +140,8 @@ __device__ __forceinline__ void load_no_l1(Frag<T, VEC>& f, const T* p) {
 
 // A 16-byte load kept in L1 ahead of other lines (evict_last): data every
 // row reads again, such as a weight.  Other widths take an ordinary load.
+// Like load_no_l1: the caller guarantees 16-byte alignment, and the kernel
+// never writes what it loads this way (.nc).
 template <typename T, int VEC>
 __device__ __forceinline__ void load_l1_last(Frag<T, VEC>& f, const T* p) {
   if constexpr (sizeof(f.r) == 16) {

@@ -60,12 +60,14 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // the registers can (more rows in flight per SM), at one shared-memory load
 // per access and pass.  Takes nv * blockDim.x * 16 bytes (nv: the plan's
 // accesses per thread, at most NV).  Weight and bias are read from L1 for
-// every row, loaded evict_last so that the lines the other rows of the SM
-// reuse stay there: at 2 x 64 KB of rows in shared memory an SM has about 124
-// KB of L1 for 128 KB of fp32 16384 weight and bias, and LayerNorm's bias
-// costs 10 points of copy bandwidth where RMSNorm fits (H200: fp32 16384 LN
-// 81.5 -> 85.8, bf16 32768 74.4 -> 76.3; streaming the bias past L1 instead
-// lost 9-17 points: docs/performance.md v10b).
+// every row; where they are 16-byte accesses (weights of x's dtype) they are
+// loaded evict_last, so that the lines the other rows of the SM reuse stay
+// there: at 2 x 64 KB of rows in shared memory an SM has about 124 KB of L1
+// for 128 KB of fp32 16384 weight and bias, and LayerNorm's bias costs 10
+// points of copy bandwidth where RMSNorm fits (H200: fp32 16384 LN 81.5 ->
+// 85.8, bf16 32768 74.4 -> 76.3; streaming the bias past L1 instead lost
+// 9-18 points: docs/performance.md v10b).  fp32 weights on 16-bit x take
+// ordinary loads.
 //
 // Statistics.  RMSNorm reduces sum(x^2).  LayerNorm, in most kernels,
 // reduces the sums of d = x - K and d^2 together, K the row's first
