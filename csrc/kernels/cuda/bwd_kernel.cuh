@@ -119,8 +119,8 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
       } else {
         const int64_t xo = row * p.x_stride + col(i), dyo = row * p.dy_stride + col(i);
         if constexpr (kStream) {
-          load_no_l1(r.x[i], xg + xo);
-          load_no_l1(r.dy[i], dyg + dyo);
+          load_l1<L1Policy::kNoAllocate>(r.x[i], xg + xo);
+          load_l1<L1Policy::kNoAllocate>(r.dy[i], dyg + dyo);
         } else {
           r.x[i].load(xg + xo);
           r.dy[i].load(dyg + dyo);

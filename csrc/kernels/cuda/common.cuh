@@ -121,34 +121,26 @@ struct Frag<T, VEC, true> {
   }
 };
 
-// A 16-byte load that does not allocate in L1 (x or dy, read once), so that
-// L1 stays with what is reused; other widths take an ordinary load.  Not
-// volatile and without a memory clobber: the kernels never write what they
-// load this way.  The caller guarantees 16-byte alignment.
-template <typename T, int VEC>
-__device__ __forceinline__ void load_no_l1(Frag<T, VEC>& f, const T* p) {
-  if constexpr (sizeof(f.r) == 16) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    memcpy(&f.r, &v, 16);
-  } else {
-    f.load(p);
-  }
-}
+// 16-byte loads with an L1 policy; other widths take an ordinary load.  Not
+// volatile and without a memory clobber (.nc): the kernels never write what
+// they load this way.  The caller guarantees 16-byte alignment.
+// - kNoAllocate: not kept in L1 (x or dy, read once), so that L1 stays with
+//   what is reused.
+// - kEvictLast: kept in L1 ahead of other lines (a weight every row reads).
+enum class L1Policy { kNoAllocate, kEvictLast };
 
-// A 16-byte load kept in L1 ahead of other lines (evict_last): data every
-// row reads again, such as a weight.  Other widths take an ordinary load.
-// Like load_no_l1: the caller guarantees 16-byte alignment, and the kernel
-// never writes what it loads this way (.nc).
-template <typename T, int VEC>
-__device__ __forceinline__ void load_l1_last(Frag<T, VEC>& f, const T* p) {
+template <L1Policy P, typename T, int VEC>
+__device__ __forceinline__ void load_l1(Frag<T, VEC>& f, const T* p) {
   if constexpr (sizeof(f.r) == 16) {
     uint4 v;
-    asm("ld.global.nc.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
+    if constexpr (P == L1Policy::kNoAllocate)
+      asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+          : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+          : "l"(p));
+    else
+      asm("ld.global.nc.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+          : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+          : "l"(p));
     memcpy(&f.r, &v, 16);
   } else {
     f.load(p);

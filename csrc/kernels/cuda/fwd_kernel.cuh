@@ -246,8 +246,8 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           if constexpr (has_w()) w = wcache[i * blockDim.x + threadIdx.x];
           if constexpr (has_b()) b = bcache[i * blockDim.x + threadIdx.x];
         } else if constexpr (X_SMEM) {  // see kernel comment: weight and bias kept in L1
-          if constexpr (has_w()) load_l1_last(w, wg + c);
-          if constexpr (has_b()) load_l1_last(b, bg + c);
+          if constexpr (has_w()) load_l1<L1Policy::kEvictLast>(w, wg + c);
+          if constexpr (has_b()) load_l1<L1Policy::kEvictLast>(b, bg + c);
         } else {
           if constexpr (has_w()) w.load(wg + c);
           if constexpr (has_b()) b.load(bg + c);
