@@ -291,11 +291,6 @@ KernelAttrs kernel_attrs(K kernel, const DeviceInfo& dev) {
   return cache[key] = a;
 }
 
-template <typename K>
-size_t local_bytes(K kernel, const DeviceInfo& dev) {
-  return kernel_attrs(kernel, dev).local_bytes;
-}
-
 // The prefetch pipe keeps a second row in registers; its kernel is taken at
 // the tightest cap of kPrefetchCaps that spills at most kPrefetchMaxSpill
 // bytes a thread.  H200, bf16 16 elements a thread: the 96-register kernel
@@ -349,7 +344,8 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
   if (pl.vec == 1) return BwdVariant{};
   BwdVariant pf{BwdPipe::kPrefetch, 128};
   for (int cap : kPrefetchCaps)
-    if (local_bytes(bwd_kernel_for<DT, DW>(pl, BwdVariant{BwdPipe::kPrefetch, cap}), dev) <= kPrefetchMaxSpill) {
+    if (kernel_attrs(bwd_kernel_for<DT, DW>(pl, BwdVariant{BwdPipe::kPrefetch, cap}), dev).local_bytes <=
+        kPrefetchMaxSpill) {
       pf.regs = cap;
       break;
     }
