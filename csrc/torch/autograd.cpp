@@ -11,6 +11,7 @@
 
 #include <array>
 #include <mutex>
+#include <optional>
 
 #include "norm_ops.h"
 
@@ -43,6 +44,19 @@ const auto& rms_bwd_op() { static auto op = find_op<RmsBwdSig>("fused_layernorm:
 
 OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
+// A backward without create_graph runs with grad mode off, where the bwd
+// op's autograd kernel (the not-implemented fallback, a boxed call) would
+// only redispatch: the call skips it.  With create_graph it goes through it,
+// so a second derivative raises rather than silently missing a term.
+class BelowAutogradUnlessGraph {
+  std::optional<at::AutoDispatchBelowADInplaceOrView> guard_;
+
+ public:
+  BelowAutogradUnlessGraph() {
+    if (!at::GradMode::is_enabled()) guard_.emplace();
+  }
+};
+
 // The backward nodes, written like torch's generated ones: a Node that holds
 // SavedVariables and calls the registered backward op.  (A
 // torch::autograd::Function did the same with more host work per call: a
@@ -71,6 +85,7 @@ class LayerNormBackward : public NormBackward<5> {
     if (!grads[0].defined()) return variable_list(3);
     const std::array<bool, 3> mask{task_should_compute_output(0), task_should_compute_output(1),
                                    task_should_compute_output(2)};
+    const BelowAutogradUnlessGraph below;
     auto [dx, dw, db] = ln_bwd_op().call(grads[0], saved[kInput].unpack(), shape, saved[kMean].unpack(),
                                          saved[kRstd].unpack(), opt(saved[kWeight].unpack()),
                                          opt(saved[kBias].unpack()), mask);
@@ -86,6 +101,7 @@ class RMSNormBackward : public NormBackward<3> {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!grads[0].defined()) return variable_list(2);
     const std::array<bool, 2> mask{task_should_compute_output(0), task_should_compute_output(1)};
+    const BelowAutogradUnlessGraph below;
     auto [dx, dw] = rms_bwd_op().call(grads[0], saved[kInput].unpack(), shape, saved[kRstd].unpack(),
                                       opt(saved[kWeight].unpack()), mask);
     return {std::move(dx), std::move(dw)};

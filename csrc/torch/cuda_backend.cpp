@@ -3,9 +3,9 @@
 // (so the ops are safe under CUDA-graph capture) and every launch checked.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
-
-#include <vector>
+#include <c10/util/SmallVector.h>
 
 #include "../kernels/cuda/norm_cuda.h"
 #include "dispatch.h"
@@ -24,15 +24,15 @@ fln::cuda::DeviceInfo device_info(const Tensor& like) {
   return d;
 }
 
-// Scratch from the caching allocator: stream-ordered, so it may be released
-// once the work is enqueued, and safe under CUDA-graph capture.
+// Scratch from the caching allocator (raw blocks, no tensors): stream-
+// ordered, so it may be released once the work is enqueued, and safe under
+// CUDA-graph capture.
 struct Scratch {
-  at::TensorOptions opts;
-  std::vector<Tensor> held;
+  c10::SmallVector<at::DataPtr, 2> held;
   static void* alloc(void* ctx, size_t bytes) {
     auto* s = static_cast<Scratch*>(ctx);
-    s->held.push_back(at::empty({int64_t(bytes)}, s->opts));
-    return s->held.back().mutable_data_ptr();
+    s->held.push_back(c10::cuda::CUDACachingAllocator::get()->allocate(bytes));
+    return s->held.back().get();
   }
 };
 
@@ -42,7 +42,7 @@ void run(const Tensor& like, at::ScalarType xt, at::ScalarType wt, const char* w
   c10::cuda::CUDAGuard guard(like.device());
   const auto dev = device_info(like);
   cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index);
-  Scratch scratch{like.options().dtype(at::kByte), {}};
+  Scratch scratch;
   const fln::cuda::Workspace ws{&Scratch::alloc, &scratch};
   dispatch_norm_types(xt, wt, [&](auto t, auto w) {
     const cudaError_t e = launch(t, w, dev, stream, ws);

@@ -134,7 +134,7 @@ def _row(plan: Plan, base: dict, direction: str, t_us: Optional[float], status: 
 
 
 def run_small(plan: Plan, peers, rows_list: Sequence[int], hidden: int, dtype: str,
-              calls: int = 200, loops: int = 7) -> List[dict]:
+              calls: int = 300, loops: int = 15) -> List[dict]:
     """Per-call wall time through the Python API for tiny batches.  The peers of
     one case take turns loop by loop, so that drifts of the host hit all alike."""
     out: List[dict] = []

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <utility>
@@ -369,6 +370,33 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
   return cand[pick];
 }
 
+// What bwd_shape asks of the runtime for a register plan (the variant, its
+// shared memory, the CTAs or clusters resident at once) depends on the row
+// layout, not on the number of rows: it is kept per layout and device, so a
+// call makes one lookup, not a dozen (small shapes are bound by host time).
+struct BwdLaunch {
+  BwdVariant variant;
+  size_t dyn_smem = 0;
+  int resident = 0;
+};
+
+template <typename DT, typename DW>
+BwdLaunch bwd_launch(const BwdParams& p, const Plan& pl, const DeviceInfo& dev) {
+  static std::mutex mu;
+  static std::map<std::array<int, 7>, BwdLaunch> cache;
+  const std::array<int, 7> key{dev.index, pl.vec, pl.nv, pl.tpr, pl.csize, pl.cta_threads, p.dw || p.db};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  BwdLaunch l;
+  l.variant = bwd_variant<DT, DW>(p, pl, dev, &l.dyn_smem);
+  l.resident = resident_groups(bwd_kernel_for<DT, DW>(pl, l.variant), dev, pl.cta_threads, pl.csize, l.dyn_smem);
+  std::lock_guard<std::mutex> lock(mu);
+  return cache.emplace(key, l).first->second;
+}
+
 template <typename T, typename W>
 BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
   using DT = device_t<T>;
@@ -378,12 +406,12 @@ BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
   s.plan = make_plan(p.rows, p.cols, sizeof(DT), sizeof(A), bwd_vec_ok<DT, DW>(p), true, dev);
   const Plan& pl = s.plan;
   if (use_register_kernel(pl, true)) {
-    s.variant = bwd_variant<DT, DW>(p, pl, dev, &s.dyn_smem);
-    const int resident = resident_groups(bwd_kernel_for<DT, DW>(pl, s.variant), dev, pl.cta_threads, pl.csize,
-                                         s.dyn_smem);
-    if (resident > 0) {
+    const BwdLaunch l = bwd_launch<DT, DW>(p, pl, dev);
+    s.variant = l.variant;
+    s.dyn_smem = l.dyn_smem;
+    if (l.resident > 0) {
       s.registers = true;
-      s.nparts = pl.groups < resident ? pl.groups : resident;
+      s.nparts = pl.groups < l.resident ? pl.groups : l.resident;
       s.grid = s.nparts * pl.csize;
       return s;
     }
