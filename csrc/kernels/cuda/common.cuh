@@ -159,6 +159,35 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #endif
 }
 
+// Shared memory by its 32-bit shared-window address, for the hot loops:
+// through a generic pointer into dynamic shared memory, sm_90 code
+// recomputed the window's base (the CTA's rank in its cluster and four more
+// instructions) at every access.  The loads are volatile so that they stay
+// after the cp.async waits that make their data visible.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16_to(uint32_t saddr, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(gmem) : "memory");
+#else
+  uint4 v = *static_cast<const uint4*>(gmem);
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(saddr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+#endif
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ Frag<T, VEC> load_shared16(uint32_t saddr) {
+  static_assert(sizeof(Frag<T, VEC>) == 16, "16-byte accesses only");
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(saddr));
+  Frag<T, VEC> f;
+  memcpy(&f.r, &v, 16);
+  return f;
+}
+
 // Pipelines: close the group of copies issued since the last commit, and
 // wait until at most N of this thread's groups are still in flight (the
 // older ones are then complete and visible to this thread).  Waiting for
