@@ -11,7 +11,6 @@
 
 #include <array>
 #include <mutex>
-#include <optional>
 
 #include "norm_ops.h"
 
@@ -44,18 +43,21 @@ const auto& rms_bwd_op() { static auto op = find_op<RmsBwdSig>("fused_layernorm:
 
 OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
-// A backward without create_graph runs with grad mode off, where the bwd
-// op's autograd kernel (the not-implemented fallback, a boxed call) would
-// only redispatch: the call skips it.  With create_graph it goes through it,
-// so a second derivative raises rather than silently missing a term.
-class BelowAutogradUnlessGraph {
-  std::optional<at::AutoDispatchBelowADInplaceOrView> guard_;
-
- public:
-  BelowAutogradUnlessGraph() {
-    if (!at::GradMode::is_enabled()) guard_.emplace();
-  }
-};
+// Calls the bwd op (`call`, on tensors already unpacked) below the Autograd
+// key where the op's autograd kernel, torch's not-implemented fallback (a
+// boxed call), would only redispatch: grad mode off (a backward without
+// create_graph) and no forward-mode tangent on the incoming gradient (the
+// fallback raises on one: forward-over-reverse).  Otherwise through it, so a
+// second derivative or a tangent raises instead of silently missing a term.
+// The saved tensors must be unpacked before, outside the guard: unpacking
+// runs saved-tensor hooks, and non-reentrant checkpointing recomputes the
+// forward in one, which must record as it did the first time.
+template <typename F>
+auto call_bwd_op(const Tensor& grad, F&& call) {
+  if (at::GradMode::is_enabled() || grad._fw_grad(/*level=*/0).defined()) return call();
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return call();
+}
 
 // The backward nodes, written like torch's generated ones: a Node that holds
 // SavedVariables and calls the registered backward op.  (A
@@ -85,10 +87,10 @@ class LayerNormBackward : public NormBackward<5> {
     if (!grads[0].defined()) return variable_list(3);
     const std::array<bool, 3> mask{task_should_compute_output(0), task_should_compute_output(1),
                                    task_should_compute_output(2)};
-    const BelowAutogradUnlessGraph below;
-    auto [dx, dw, db] = ln_bwd_op().call(grads[0], saved[kInput].unpack(), shape, saved[kMean].unpack(),
-                                         saved[kRstd].unpack(), opt(saved[kWeight].unpack()),
-                                         opt(saved[kBias].unpack()), mask);
+    const Tensor x = saved[kInput].unpack(), mean = saved[kMean].unpack(), rstd = saved[kRstd].unpack();
+    const Tensor w = saved[kWeight].unpack(), b = saved[kBias].unpack();
+    auto [dx, dw, db] = call_bwd_op(
+        grads[0], [&] { return ln_bwd_op().call(grads[0], x, shape, mean, rstd, opt(w), opt(b), mask); });
     return {std::move(dx), std::move(dw), std::move(db)};
   }
 };
@@ -101,9 +103,9 @@ class RMSNormBackward : public NormBackward<3> {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!grads[0].defined()) return variable_list(2);
     const std::array<bool, 2> mask{task_should_compute_output(0), task_should_compute_output(1)};
-    const BelowAutogradUnlessGraph below;
-    auto [dx, dw] = rms_bwd_op().call(grads[0], saved[kInput].unpack(), shape, saved[kRstd].unpack(),
-                                      opt(saved[kWeight].unpack()), mask);
+    const Tensor x = saved[kInput].unpack(), rstd = saved[kRstd].unpack(), w = saved[kWeight].unpack();
+    auto [dx, dw] =
+        call_bwd_op(grads[0], [&] { return rms_bwd_op().call(grads[0], x, shape, rstd, opt(w), mask); });
     return {std::move(dx), std::move(dw)};
   }
 };

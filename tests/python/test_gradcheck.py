@@ -93,3 +93,31 @@ def test_unsupported_derivatives_raise(kind, device, seed):
         torch.func.hessian(lambda a: f(a, w.detach()).pow(3).sum())(x.detach())
     with pytest.raises(RuntimeError, match="forward-mode AD|does not support"):
         torch.func.jvp(lambda a: f(a, w.detach()), (x.detach(),), (torch.ones_like(x),))
+    # Forward-over-reverse: a dual incoming gradient, without create_graph.
+    with torch.autograd.forward_ad.dual_level():
+        y = f(x, w)
+        dy = torch.autograd.forward_ad.make_dual(torch.ones_like(y), torch.ones_like(y))
+        with pytest.raises(RuntimeError, match="does not support|not implemented"):
+            torch.autograd.grad(y, x, dy)
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_non_reentrant_checkpoint(kind, device, seed):
+    """torch.utils.checkpoint(use_reentrant=False) recomputes the forward
+    inside the backward node's unpacking of its saved tensors; the recompute
+    must save what the first forward saved, and the gradients match an
+    uncheckpointed run."""
+    gen = generator(seed)
+    x = _leaf((4, 8), device, gen)
+    w = _leaf((8,), device, gen, offset=1.0)
+    b = _leaf((8,), device, gen)
+    m = randn((8, 8), dtype=torch.float64, device=device, gen=gen)
+    dy = randn((4, 8), dtype=torch.float64, device=device, gen=gen)
+    norm = (lambda h: layer_norm(h, (8,), w, b)) if kind == "ln" else (lambda h: rms_norm(h, (8,), w))
+    block = lambda a: norm(a @ m)  # noqa: E731  (the norm saves the matmul's output)
+    leaves = [x, w] + ([b] if kind == "ln" else [])
+    ref = torch.autograd.grad(block(x), leaves, dy)
+    y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+    got = torch.autograd.grad(y, leaves, dy)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)
