@@ -147,18 +147,6 @@ __device__ __forceinline__ void load_l1(Frag<T, VEC>& f, const T* p) {
   }
 }
 
-// 16 bytes global -> shared memory without passing through registers
-// (cp.async, sm_80+; a plain copy before).  The data is visible to the
-// issuing thread after cp_async_wait_all().
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-#else
-  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
-#endif
-}
-
 // Shared memory by its 32-bit shared-window address, for the hot loops:
 // through a generic pointer into dynamic shared memory, sm_90 code
 // recomputed the window's base (the CTA's rank in its cluster and four more
@@ -168,6 +156,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// 16 bytes global -> shared memory without passing through registers
+// (cp.async, sm_80+; a plain copy before).  The data is visible to the
+// issuing thread after cp_async_wait_all().
 __device__ __forceinline__ void cp_async16_to(uint32_t saddr, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(gmem) : "memory");
@@ -177,6 +168,8 @@ __device__ __forceinline__ void cp_async16_to(uint32_t saddr, const void* gmem) 
                : "memory");
 #endif
 }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) { cp_async16_to(smem_addr(smem), gmem); }
 
 template <typename T, int VEC>
 __device__ __forceinline__ Frag<T, VEC> load_shared16(uint32_t saddr) {
