@@ -81,6 +81,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   const A inv_n = A(1) / A(n);
   const bool want_dw = part_w != nullptr || part_b != nullptr;
   RowReducer<A, 2> red{smem, tpr, lay.csize, row_in_cta};
+  red.init();
   auto stage_slot = [&](int s, int i, int which) { return ((s * NV + i) * 2 + which) * cta + threadIdx.x; };
   auto col = [&](int i) { return int64_t(i * stride + t) * VEC; };
 

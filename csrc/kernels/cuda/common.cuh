@@ -246,13 +246,80 @@ __device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
     *reinterpret_cast<V*>(p) = v;
 }
 
+// Largest thread-block cluster of any kernel (the forward's, sm_90).
+constexpr int kMaxClusterCtas = 16;
+
+// Cluster exchange of CTA sums by push (sm_90): each CTA stores its sums
+// into a slot of every CTA of the cluster (st.async), which signals that
+// CTA's mbarrier with the bytes; a CTA then waits on its own mbarrier and
+// reads its own shared memory.  One one-way remote store a reduction,
+// against a full cluster barrier and remote loads (docs/performance.md, v12a).
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+// This thread's arrival on the mbarrier, which then also waits for `bytes`
+// of asynchronous stores.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+
+// Waits until the mbarrier's phase of parity `phase` has completed; what the
+// stores that completed it wrote is then visible to this thread.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(phase)
+        : "memory");
+#endif
+}
+
+// The address of the same shared variable in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t map_cluster(uint32_t saddr, int rank) {
+  uint32_t r = saddr;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
+#endif
+  return r;
+}
+
+// Stores v at a cluster shared address and signals its size to the mbarrier
+// `bar` of the same CTA.
+__device__ __forceinline__ void st_async(uint32_t addr, float v, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
+               "r"(__float_as_uint(v)), "r"(bar)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void st_async(uint32_t addr, double v, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(addr),
+               "l"(__double_as_longlong(v)), "r"(bar)
+               : "memory");
+#endif
+}
+
 // Shared state for RowReducer: two buffers used alternately, so one barrier
 // per reduction suffices (a buffer is rewritten only two reductions later,
 // after every thread has passed the barrier of the reduction in between).
 template <typename A, int K>
 struct ReduceSmem {
-  A warp[2][32][K];   // per-warp partials
-  A cta[2][K];        // per-CTA partials read by the other CTAs of a cluster
+  A warp[2][32][K];                  // per-warp partials
+  A cta[2][kMaxClusterCtas][K];      // clusters: [buffer][source CTA] sums, pushed by each CTA
+  alignas(8) uint64_t bar[2];        // clusters: completes when every CTA's sums have landed
 };
 
 // Sums K values over the threads of one row: `tpr` threads (a power of two
@@ -274,13 +341,32 @@ __device__ __forceinline__ A butterfly_sum16(A t) {
   return t;
 }
 
+// Clusters (csize > 1) hold one row a CTA of more than 32 threads
+// (launch_plan.h), so every reduction passes a __syncthreads before its
+// push: a CTA pushes into buffer b again only after every CTA has pushed
+// the reduction in between, which each did after all its threads had read
+// buffer b.  Call init() before the first sum() and finish() after the last.
 template <typename A, int K>
 struct RowReducer {
   ReduceSmem<A, K>& s;
   int tpr, csize, row_in_cta;
-  int parity = 0;
+  uint32_t count = 0;  // reductions so far: bit 0 is the buffer, bit 1 its mbarrier's phase
+
+  // Clusters: the mbarriers are set up before any CTA of the cluster pushes.
+  __device__ void init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (csize > 1) {
+      if (threadIdx.x == 0) {
+        mbar_init(&s.bar[0], 1);
+        mbar_init(&s.bar[1], 1);
+      }
+      cooperative_groups::this_cluster().sync();
+    }
+#endif
+  }
 
   __device__ void sum(A (&v)[K]) {
+    const int parity = count & 1;
     const int lanes = tpr < 32 ? tpr : 32;
 #pragma unroll
     for (int k = 0; k < K; ++k)
@@ -305,27 +391,38 @@ struct RowReducer {
         v[k] = butterfly_sum16(src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : A(0));
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (csize > 1) {  // one row per CTA here: exchange CTA sums through DSMEM
-      namespace cg = cooperative_groups;
-      cg::cluster_group cluster = cg::this_cluster();
-      if (threadIdx.x == 0)
+    if (csize > 1) {  // one row per CTA: every thread holds the CTA's sums
+      const uint32_t bar = smem_addr(&s.bar[parity]);
+      if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, uint32_t(csize * K * sizeof(A)));
+      if (threadIdx.x < csize) {  // thread r pushes to CTA r
+        const int me = cluster_rank();
+        const uint32_t rbar = map_cluster(bar, threadIdx.x);
 #pragma unroll
-        for (int k = 0; k < K; ++k) s.cta[parity][k] = v[k];
-      cluster.sync();
-      // Lane r loads CTA r's sum, then the same butterfly as above.
+        for (int k = 0; k < K; ++k) st_async(map_cluster(smem_addr(&s.cta[parity][me][k]), threadIdx.x), v[k], rbar);
+      }
+      mbar_wait(bar, (count >> 1) & 1u);
+      // Lane r reads CTA r's sum, then the same butterfly as above.
       const int src = threadIdx.x % 16;
 #pragma unroll
-      for (int k = 0; k < K; ++k)
-        v[k] = butterfly_sum16(src < csize ? cluster.map_shared_rank(&s.cta[parity][k], src)[0] : A(0));
+      for (int k = 0; k < K; ++k) v[k] = butterfly_sum16(src < csize ? s.cta[parity][src][k] : A(0));
     }
 #endif
-    parity ^= 1;
+    ++count;
   }
 
-  // A CTA of a cluster must not exit while others may still read its shared memory.
+  // A CTA of a cluster must not exit while others may still store into its shared memory.
   __device__ void finish() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (csize > 1) cooperative_groups::this_cluster().sync();
+#endif
+  }
+
+ private:
+  __device__ static int cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return int(cooperative_groups::this_cluster().block_rank());
+#else
+    return 0;
 #endif
   }
 };

@@ -113,6 +113,8 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
       sizeof(W) <= sizeof(T) && sizeof(T) <= 4 && (X_SMEM || (VEC > 1 && NV * VEC * sizeof(T) <= 64));
   __shared__ ReduceSmem<A, 2> smem2;
   RowReducer<A, 2> red2{smem2, tpr, lay.csize, row_in_cta};
+  red.init();
+  red2.init();
   // X_SMEM: this thread's slot for access i, [access][thread] 16-byte slots.
   // 16-bit rows address them by shared-window address (smem_addr: H200,
   // LN bf16 12288 86.4 -> 88.5, 20480 81.1 -> 83.0, 32768 75.6 -> 77.0, fp16
@@ -288,7 +290,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
       else write_row(No{}, No{});
     }
   }
-  red.finish();  // also keeps red2's buffers alive for the other CTAs of a cluster
+  red.finish();  // also keeps red2's buffers alive for the other CTAs' stores
 }
 
 }  // namespace fln::cuda
