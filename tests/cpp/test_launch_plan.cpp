@@ -38,11 +38,15 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
     EXPECT_LE(p.nv, kXSmemMaxNv);
     EXPECT_LE(x_smem_bytes(p.cta_threads, p.nv), xs.slice_bytes);  // at most one slice a CTA
     EXPECT_LE(p.csize, 16);
-    if (p.csize > 1) EXPECT_GE(cc, 9);
+    if (p.csize > 1) {
+      EXPECT_GE(cc, 9);
+      EXPECT_GT(p.tpr, 32);  // RowReducer: a __syncthreads before each push of the cluster's sums
+    }
     EXPECT_EQ(p.groups, 1000);
-    // Only where registers would keep too little in flight, or the row fits one CTA.
+    // Only where registers would keep too little in flight, or (no clusters)
+    // the row fits one CTA.
     const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, elem);
-    if (cols * elem <= xs.one_cta_min_row || cols * elem > xs.slice_bytes)
+    if (cc >= 9 || cols * elem <= xs.one_cta_min_row || cols * elem > xs.slice_bytes)
       EXPECT_LT(register_inflight(r, cols, elem), xs.max_inflight);
     else
       EXPECT_EQ(p.csize, 1);
@@ -69,6 +73,7 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
   if (p.csize > 1) {
     EXPECT_GE(cc, 9);
     EXPECT_EQ(p.tpr, p.cta_threads);  // one row per CTA in a cluster
+    EXPECT_GT(p.tpr, 32);  // RowReducer: a __syncthreads before each push of the cluster's sums
     EXPECT_EQ(p.csize & (p.csize - 1), 0);
   }
   EXPECT_EQ(p.cta_threads % p.tpr, 0);
@@ -110,22 +115,22 @@ TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {
   EXPECT_EQ(a.csize, 1);
   EXPECT_EQ(a.cta_threads, 192);
   EXPECT_EQ(a.nv, 8);
-  // Rows of 32-64 KB fit one CTA: bf16 24576 (48 KB), fp32 16384 (64 KB).
+  // bf16 24576 (48 KB): one CTA, where registers keep 48 KB in flight.
   const Plan b = make_plan(1 << 12, 24576, 2, 4, true, false, dev, 2);
   EXPECT_TRUE(b.x_smem);
   EXPECT_EQ(b.csize, 1);
   EXPECT_EQ(b.cta_threads, 384);
-  const Plan c = make_plan(1 << 13, 16384, 4, 4, true, false, dev, 4);
-  EXPECT_TRUE(c.x_smem);
-  EXPECT_EQ(c.cta_threads, 512);
   // bf16 49152 (96 KB): a 2-CTA cluster, where registers keep 48 KB in flight.
   const Plan d = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 2);
   EXPECT_TRUE(d.x_smem);
   EXPECT_EQ(d.csize, 2);
-  // Kept in registers: bf16 16384 (32 KB, 64 KB in flight), short rows, fp32
-  // 32768 (128 bytes a thread), rows under 16 KB (bf16 7168, fp32 3072),
-  // unaligned rows, the backward.
+  // Kept in registers: bf16 16384 and 32768 (64 KB in flight), fp32 12288,
+  // 16384 and 32768 (128 bytes a thread), rows under 16 KB (bf16 7168, fp32
+  // 3072), unaligned rows, the backward.
   EXPECT_FALSE(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 12, 32768, 2, 4, true, false, dev, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 14, 12288, 4, 4, true, false, dev, 4).x_smem);
+  EXPECT_FALSE(make_plan(1 << 13, 16384, 4, 4, true, false, dev, 4).x_smem);
   EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, dev, 2).x_smem);
   EXPECT_FALSE(make_plan(1 << 15, 3072, 4, 4, true, false, dev, 4).x_smem);
   EXPECT_FALSE(make_plan(1 << 16, 2560, 2, 4, true, false, dev, 2).x_smem);
@@ -136,6 +141,10 @@ TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {
   DeviceInfo a100;
   a100.cc_major = 8;
   EXPECT_TRUE(make_plan(1 << 14, 12288, 2, 4, true, false, a100, 2).x_smem);
+  // Rows of 32-64 KB take one CTA there whatever the register plan: fp32 16384 (64 KB).
+  const Plan c = make_plan(1 << 13, 16384, 4, 4, true, false, a100, 4);
+  EXPECT_TRUE(c.x_smem);
+  EXPECT_EQ(c.cta_threads, 512);
   EXPECT_FALSE(make_plan(1 << 11, 49152, 2, 4, true, false, a100, 2).x_smem);
 }
 

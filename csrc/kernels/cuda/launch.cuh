@@ -214,15 +214,14 @@ inline SplitShape split_shape(int64_t rows, int64_t cols, int vec) {
 
 // Which rows take the register kernels (the rest take the split paths), from
 // H200 measurements (docs/performance.md): the forward keeps clusters of up
-// to 16 CTAs (bf16 65536: 48% of copy bandwidth, split 34%); the backward
-// keeps at most 8 (v10d, % of copy against the split path: fp32 32768, 8
-// CTAs, 69.2 against 56.8; bf16 65536 55.2 / 52.8; 16 CTAs lose: bf16
-// 131072 37 / 52, fp32 65536 42 / 57; the clusters of 5-8 CTAs that are not
-// full gain too: fp32 20480 57.5 -> 70.3, 24576 57.5 -> 75.5, bf16 49152
-// 53.5 -> 59.7).  Rows of the scalar path (vec 1) keep at most 4: 8-CTA
-// clusters were measured for 16-byte accesses only.
+// to 16 CTAs (bf16 65536: 48% of copy bandwidth, split 34%), and so does the
+// backward of 16-byte accesses since cluster sums are pushed (v12b, % of
+// copy against the split path: fp32 65536 80.3 / 56.5, bf16 131072 56.0 /
+// 51.1; v10d had measured 16-CTA clusters behind it, with a cluster barrier
+// a row).  Rows of the scalar path (vec 1) keep at most 4: larger clusters
+// were measured for 16-byte accesses only.
 inline bool use_register_kernel(const Plan& pl, bool bwd) {
-  return pl.registers && (!bwd || pl.csize <= (pl.vec > 1 ? 8 : 4));
+  return pl.registers && (!bwd || pl.vec > 1 || pl.csize <= 4);
 }
 
 template <typename T, typename W>

@@ -28,16 +28,19 @@ struct Plan {
 // at most 64K registers of 64 per thread busy on an SM, and CTAs of 384 or
 // 448 threads leave a quarter or an eighth of that idle: too few bytes of rows
 // in flight.  Rows of at least min_row_bytes whose register plan keeps less
-// than max_inflight bytes in flight per SM are held in shared memory instead,
-// and so are rows longer than one_cta_min_row that fit one CTA's slice.  Each
-// CTA holds at most slice_bytes of its row (a cluster past that), with about
-// nv 16-byte accesses a thread.  H200, % of copy bandwidth, LN / RMS:
+// than max_inflight bytes in flight per SM are held in shared memory instead.
+// Each CTA holds at most slice_bytes of its row (a cluster past that), with
+// about nv 16-byte accesses a thread.  H200, % of copy bandwidth, LN / RMS:
 // bf16 12288 68 / 78 -> 75 / 88, bf16 20480 62 / 75 -> 70 / 86, fp32 6144
-// 75 / 84 -> 86 / 91, fp32 16384 73 / 79 -> 72 / 89 (docs/performance.md,
-// v5b and v5g).  Rows of 12-14 KB ran faster in registers once v7c cut the
-// register kernel's instructions (v8b: bf16 6144 83 -> 86, 7168 81 -> 83,
-// fp32 3072 89 -> 97; RMS bf16 6144 88 -> 95), 24 KB rows did not (bf16
-// 12288 79 -> 74), so the threshold is 16 KB.
+// 75 / 84 -> 86 / 91 (docs/performance.md, v5b).  Rows of 12-14 KB ran
+// faster in registers once v7c cut the register kernel's instructions (v8b:
+// bf16 6144 83 -> 86, 7168 81 -> 83, fp32 3072 89 -> 97; RMS bf16 6144 88 ->
+// 95), 24 KB rows did not (bf16 12288 79 -> 74), so the threshold is 16 KB.
+// Without clusters (before sm_90), rows longer than one_cta_min_row that fit
+// one slice take one CTA whatever the register plan (v5g).  With clusters,
+// whose sums are pushed since v12a, the register plan is kept there where it
+// keeps enough in flight (v12b, H200: LN bf16 32768 75 -> 83, fp32 16384 81
+// -> 88, fp32 12288 86 -> 87); a 32 KB slice lost (bf16 20480 83 -> 66).
 struct XSmemTuning {
   int64_t min_row_bytes = 16 * 1024;
   int64_t max_inflight = 64 * 1024;
@@ -188,7 +191,7 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
   const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes);
   const int64_t row_bytes = cols * elem_bytes;
   if (bwd || !vec_ok || !r.registers || row_bytes < xs.min_row_bytes) return r;
-  const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes;
+  const bool one_cta = dev.cc_major < 9 && row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes;
   if (!one_cta && register_inflight(r, cols, elem_bytes) >= xs.max_inflight) return r;
   const Plan s = x_smem_plan(rows, cols, elem_bytes, dev, xs);
   return s.registers ? s : r;
