@@ -57,7 +57,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   // not spill, lost 3.6 points with them (16384), and the other pipes 1-11.
   constexpr bool kStream = PIPE == BwdPipe::kNone && sizeof(T) == 2;
   static_assert(!kStagedPipe || VEC * sizeof(T) == 16, "cp.async stages move 16-byte accesses");
-  __shared__ ReduceSmem<A, 2> smem;
+  __shared__ ReduceSmem<A, 2, 4> smem;
   // (dweight, dbias) partials, [NV * kSlots][CTA threads]: each thread owns
   // its slots (no barrier until the merge) and a warp's accesses are
   // consecutive.  Staged pipes: the stage buffers, [stage][access][x, dy][CTA
@@ -80,7 +80,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   const A* __restrict__ rstdg = static_cast<const A*>(p.rstd);
   const A inv_n = A(1) / A(n);
   const bool want_dw = part_w != nullptr || part_b != nullptr;
-  RowReducer<A, 2> red{smem, tpr, lay.csize, row_in_cta};
+  RowReducer<A, 2, 4> red{smem, tpr, lay.csize, row_in_cta};
   red.init();
   auto stage_slot = [&](int s, int i, int which) { return ((s * NV + i) * 2 + which) * cta + threadIdx.x; };
   auto col = [&](int i) { return int64_t(i * stride + t) * VEC; };

@@ -312,14 +312,23 @@ __device__ __forceinline__ void st_async(uint32_t addr, double v, uint32_t bar) 
 #endif
 }
 
-// Shared state for RowReducer: two buffers used alternately, so one barrier
-// per reduction suffices (a buffer is rewritten only two reductions later,
-// after every thread has passed the barrier of the reduction in between).
-template <typename A, int K>
+// Shared state for RowReducer.  The warps' partials use two buffers in turn,
+// so one barrier per reduction suffices (a buffer is rewritten only two
+// reductions later, after every thread has passed the barrier of the
+// reduction in between).  The clusters' sums use NB buffers in turn: with 4
+// rather than 2, 16-bit backward clusters under kStagedReread ran faster
+// (H200, % of copy bandwidth: LN bf16 12288 81.0 -> 85.5, 24576 71.8 ->
+// 75.0, 49152 73.1 -> 76.5, RMS 12288 82.1 -> 87.2; v12c), while the
+// forward lost up to 1.5 points (fp32 12288: the compiler spilled more), so
+// it keeps 2.  The size of this struct matters: 256 more bytes pushed the
+// 2-CTA-an-SM backward (bf16 16384-65536, 64 KB of partials a CTA) past a
+// shared-memory carveout step, and the L1 its spills need shrank (16384
+// 66.6 -> 62.3); so the warp partials take only the warps a CTA can have.
+template <typename A, int K, int NB = 2>
 struct ReduceSmem {
-  A warp[2][32][K];                  // per-warp partials
-  A cta[2][kMaxClusterCtas][K];      // clusters: [buffer][source CTA] sums, pushed by each CTA
-  alignas(8) uint64_t bar[2];        // clusters: completes when every CTA's sums have landed
+  A warp[2][kMaxCtaThreads / 32][K];  // per-warp partials
+  A cta[NB][kMaxClusterCtas][K];      // clusters: [buffer][source CTA] sums, pushed by each CTA
+  alignas(8) uint64_t bar[NB];        // clusters: completes when every CTA's sums have landed
 };
 
 // Sums K values over the threads of one row: `tpr` threads (a power of two
@@ -346,20 +355,18 @@ __device__ __forceinline__ A butterfly_sum16(A t) {
 // push: a CTA pushes into buffer b again only after every CTA has pushed
 // the reduction in between, which each did after all its threads had read
 // buffer b.  Call init() before the first sum() and finish() after the last.
-template <typename A, int K>
+template <typename A, int K, int NB = 2>
 struct RowReducer {
-  ReduceSmem<A, K>& s;
+  ReduceSmem<A, K, NB>& s;
   int tpr, csize, row_in_cta;
-  uint32_t count = 0;  // reductions so far: bit 0 is the buffer, bit 1 its mbarrier's phase
+  uint32_t count = 0;  // reductions so far
 
   // Clusters: the mbarriers are set up before any CTA of the cluster pushes.
   __device__ void init() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (csize > 1) {
-      if (threadIdx.x == 0) {
-        mbar_init(&s.bar[0], 1);
-        mbar_init(&s.bar[1], 1);
-      }
+      if (threadIdx.x == 0)
+        for (int b = 0; b < NB; ++b) mbar_init(&s.bar[b], 1);
       cooperative_groups::this_cluster().sync();
     }
 #endif
@@ -392,19 +399,20 @@ struct RowReducer {
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (csize > 1) {  // one row per CTA: every thread holds the CTA's sums
-      const uint32_t bar = smem_addr(&s.bar[parity]);
+      const int b = count % NB;
+      const uint32_t bar = smem_addr(&s.bar[b]);
       if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, uint32_t(csize * K * sizeof(A)));
       if (threadIdx.x < csize) {  // thread r pushes to CTA r
         const int me = cluster_rank();
         const uint32_t rbar = map_cluster(bar, threadIdx.x);
 #pragma unroll
-        for (int k = 0; k < K; ++k) st_async(map_cluster(smem_addr(&s.cta[parity][me][k]), threadIdx.x), v[k], rbar);
+        for (int k = 0; k < K; ++k) st_async(map_cluster(smem_addr(&s.cta[b][me][k]), threadIdx.x), v[k], rbar);
       }
-      mbar_wait(bar, (count >> 1) & 1u);
+      mbar_wait(bar, (count / NB) & 1u);
       // Lane r reads CTA r's sum, then the same butterfly as above.
       const int src = threadIdx.x % 16;
 #pragma unroll
-      for (int k = 0; k < K; ++k) v[k] = butterfly_sum16(src < csize ? s.cta[parity][src][k] : A(0));
+      for (int k = 0; k < K; ++k) v[k] = butterfly_sum16(src < csize ? s.cta[b][src][k] : A(0));
     }
 #endif
     ++count;
