@@ -124,9 +124,19 @@ TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {
   const Plan d = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 2);
   EXPECT_TRUE(d.x_smem);
   EXPECT_EQ(d.csize, 2);
-  // Kept in registers: bf16 16384 and 32768 (64 KB in flight), fp32 12288,
-  // 16384 and 32768 (128 bytes a thread), rows under 16 KB (bf16 7168, fp32
-  // 3072), unaligned rows, the backward.
+  // Rows of 32-64 KB whose weight (and bias) come to at most the row's bytes
+  // take one CTA: RMSNorm's bf16 32768 and fp32 16384, LayerNorm's without
+  // weight and bias.
+  const Plan e = make_plan(1 << 12, 32768, 2, 4, true, false, dev, 2, 1);
+  EXPECT_TRUE(e.x_smem);
+  EXPECT_EQ(e.csize, 1);
+  EXPECT_EQ(e.cta_threads, 512);
+  EXPECT_TRUE(make_plan(1 << 13, 16384, 4, 4, true, false, dev, 4, 1).x_smem);
+  EXPECT_TRUE(make_plan(1 << 13, 16384, 4, 4, true, false, dev, 0, 0).x_smem);
+  EXPECT_FALSE(make_plan(1 << 12, 32768, 2, 4, true, false, dev, 4, 1).x_smem);  // fp32 weight: 128 KB
+  // Kept in registers (LayerNorm, weight and bias): bf16 16384 and 32768
+  // (64 KB in flight), fp32 12288, 16384 and 32768 (128 bytes a thread), rows
+  // under 16 KB (bf16 7168, fp32 3072), unaligned rows, the backward.
   EXPECT_FALSE(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 2).x_smem);
   EXPECT_FALSE(make_plan(1 << 12, 32768, 2, 4, true, false, dev, 2).x_smem);
   EXPECT_FALSE(make_plan(1 << 14, 12288, 4, 4, true, false, dev, 4).x_smem);

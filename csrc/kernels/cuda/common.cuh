@@ -355,7 +355,9 @@ __device__ __forceinline__ A butterfly_sum16(A t) {
 // push: a CTA pushes into buffer b again only after every CTA has pushed
 // the reduction in between, which each did after all its threads had read
 // buffer b.  Call init() before the first sum() and finish() after the last.
-template <typename A, int K, int NB = 2>
+// kCluster false: a kernel never launched in clusters, compiled without the
+// cluster exchange (its code cost LayerNorm's forward 2-5 points, v12d).
+template <typename A, int K, int NB = 2, bool kCluster = true>
 struct RowReducer {
   ReduceSmem<A, K, NB>& s;
   int tpr, csize, row_in_cta;
@@ -364,7 +366,7 @@ struct RowReducer {
   // Clusters: the mbarriers are set up before any CTA of the cluster pushes.
   __device__ void init() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (csize > 1) {
+    if (kCluster && csize > 1) {
       if (threadIdx.x == 0)
         for (int b = 0; b < NB; ++b) mbar_init(&s.bar[b], 1);
       cooperative_groups::this_cluster().sync();
@@ -398,7 +400,7 @@ struct RowReducer {
         v[k] = butterfly_sum16(src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : A(0));
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (csize > 1) {  // one row per CTA: every thread holds the CTA's sums
+    if (kCluster && csize > 1) {  // one row per CTA: every thread holds the CTA's sums
       const int b = count % NB;
       const uint32_t bar = smem_addr(&s.bar[b]);
       if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, uint32_t(csize * K * sizeof(A)));
@@ -421,7 +423,7 @@ struct RowReducer {
   // A CTA of a cluster must not exit while others may still store into its shared memory.
   __device__ void finish() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (csize > 1) cooperative_groups::this_cluster().sync();
+    if (kCluster && csize > 1) cooperative_groups::this_cluster().sync();
 #endif
   }
 

@@ -88,7 +88,7 @@ constexpr float kMaxShiftRatio = 8;
 // and a reciprocal computed in the kernel holds a register for the whole
 // kernel (the fp32 128-byte threads then spilled 8 bytes more and lost 2
 // points, v9h); a kernel parameter is read from the constant bank.
-template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM = false>
+template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM, bool CLUSTER>
 __global__ void __launch_bounds__(kMaxCtaThreads, 2)
 norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   static_assert(!(X_SMEM && CACHE_WB), "one use of the dynamic shared memory at a time");
@@ -108,11 +108,11 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   const T* __restrict__ xg = static_cast<const T*>(p.x);
   const W* __restrict__ wg = static_cast<const W*>(p.w);
   const W* __restrict__ bg = static_cast<const W*>(p.b);
-  RowReducer<A, 1> red{smem, tpr, lay.csize, row_in_cta};
+  RowReducer<A, 1, 2, CLUSTER> red{smem, tpr, lay.csize, row_in_cta};
   constexpr bool kShifted =
       sizeof(W) <= sizeof(T) && sizeof(T) <= 4 && (X_SMEM || (VEC > 1 && NV * VEC * sizeof(T) <= 64));
   __shared__ ReduceSmem<A, 2> smem2;
-  RowReducer<A, 2> red2{smem2, tpr, lay.csize, row_in_cta};
+  RowReducer<A, 2, 2, CLUSTER> red2{smem2, tpr, lay.csize, row_in_cta};
   red.init();
   red2.init();
   // X_SMEM: this thread's slot for access i, [access][thread] 16-byte slots.

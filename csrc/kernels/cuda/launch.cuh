@@ -127,14 +127,14 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
 
 // Instantiation chooser: the kernel holding NV accesses of VEC for the
 // smallest power of two NV >= nv that the register budget allows.
-template <typename DT, typename DW, int VEC, bool CACHE_WB, bool X_SMEM = false, int NV = 1>
+template <typename DT, typename DW, int VEC, bool CACHE_WB, bool X_SMEM, bool CLUSTER, int NV = 1>
 auto pick_fwd(int nv) -> void (*)(FwdParams, RowLayout, dacc_t<DT>) {
   constexpr int kMax = X_SMEM ? kXSmemMaxNv : max_accesses(false, VEC, sizeof(DT), true);
   if constexpr (NV >= kMax) {
-    return &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM>;
+    return &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM, CLUSTER>;
   } else {
-    return nv <= NV ? &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM>
-                    : pick_fwd<DT, DW, VEC, CACHE_WB, X_SMEM, NV * 2>(nv);
+    return nv <= NV ? &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM, CLUSTER>
+                    : pick_fwd<DT, DW, VEC, CACHE_WB, X_SMEM, CLUSTER, NV * 2>(nv);
   }
 }
 
@@ -153,13 +153,25 @@ auto pick_bwd(int nv) -> void (*)(BwdParams, RowLayout, dacc_t<DT>*, dacc_t<DT>*
   }
 }
 
-// The register kernel a plan names.
+// The register kernel a plan names.  Plans without a cluster take kernels
+// compiled without the cluster exchange (v12d, H200, % of copy bandwidth:
+// LN bf16 768 88.2 -> 91.2, 16384 85.5 -> 90.0), except the 128-byte fp32
+// threads, which the compiler then spilled twice as much (LN fp32 12288
+// 87.8 -> 83.1); the weight cache exists only in clusters.
+template <typename DT, typename DW, bool CLUSTER>
+auto fwd_kernel_of(const Plan& pl) {
+  constexpr int V = 16 / sizeof(DT);
+  if (pl.vec == 1) return pick_fwd<DT, DW, 1, false, false, CLUSTER>(pl.nv);
+  if (pl.x_smem) return pick_fwd<DT, DW, V, false, true, CLUSTER>(pl.nv);
+  return pick_fwd<DT, DW, V, false, false, CLUSTER>(pl.nv);
+}
+
 template <typename DT, typename DW>
 auto fwd_kernel_for(const Plan& pl) {
   constexpr int V = 16 / sizeof(DT);
-  if (pl.vec == 1) return pick_fwd<DT, DW, 1, false>(pl.nv);
-  if (pl.x_smem) return pick_fwd<DT, DW, V, false, true>(pl.nv);
-  return pl.cache_wb ? pick_fwd<DT, DW, V, true>(pl.nv) : pick_fwd<DT, DW, V, false>(pl.nv);
+  if (pl.cache_wb) return pick_fwd<DT, DW, V, true, false, true>(pl.nv);
+  const bool wide = !pl.x_smem && pl.nv > max_accesses(false, pl.vec, sizeof(DT));
+  return pl.csize > 1 || wide ? fwd_kernel_of<DT, DW, true>(pl) : fwd_kernel_of<DT, DW, false>(pl);
 }
 
 // The backward kernels: (pipe, register cap) pairs.  Staged pipes exist for
@@ -195,7 +207,8 @@ Plan fwd_plan(const FwdParams& p, const DeviceInfo& dev) {
   using DT = device_t<T>;
   using DW = device_t<W>;
   const int w_bytes = (p.w || p.b) ? int(sizeof(DW)) : 0;
-  return make_plan(p.rows, p.cols, sizeof(DT), sizeof(dacc_t<DT>), fwd_vec_ok<DT, DW>(p), false, dev, w_bytes);
+  return make_plan(p.rows, p.cols, sizeof(DT), sizeof(dacc_t<DT>), fwd_vec_ok<DT, DW>(p), false, dev, w_bytes,
+                   (p.w ? 1 : 0) + (p.b ? 1 : 0));
 }
 
 // Split path shape: chunks of kSplitThreads accesses; rows of the grid.

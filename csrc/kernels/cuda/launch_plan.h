@@ -36,11 +36,13 @@ struct Plan {
 // faster in registers once v7c cut the register kernel's instructions (v8b:
 // bf16 6144 83 -> 86, 7168 81 -> 83, fp32 3072 89 -> 97; RMS bf16 6144 88 ->
 // 95), 24 KB rows did not (bf16 12288 79 -> 74), so the threshold is 16 KB.
-// Without clusters (before sm_90), rows longer than one_cta_min_row that fit
-// one slice take one CTA whatever the register plan (v5g).  With clusters,
-// whose sums are pushed since v12a, the register plan is kept there where it
-// keeps enough in flight (v12b, H200: LN bf16 32768 75 -> 83, fp32 16384 81
-// -> 88, fp32 12288 86 -> 87); a 32 KB slice lost (bf16 20480 83 -> 66).
+// Rows longer than one_cta_min_row that fit one slice take one CTA whatever
+// the register plan (v5g), unless clusters exist (sm_90) and the row's
+// weight and bias come to more bytes than the row: their reads from L1/L2
+// each row then cost more than a cluster that keeps them in shared memory
+// (v12b/v12d, H200, % of copy bandwidth, one CTA / cluster: LN bf16 32768
+// 78 / 83, fp32 16384 87 / 88; RMS bf16 32768 92 / 87.5, fp32 16384 96 /
+// 92).  A 32 KB slice lost (bf16 20480 83 -> 66).
 struct XSmemTuning {
   int64_t min_row_bytes = 16 * 1024;
   int64_t max_inflight = 64 * 1024;
@@ -186,12 +188,16 @@ inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_by
 
 // vec_ok: every pointer and row stride allows accesses of 16 bytes and cols is
 // a multiple of that width (the caller checks alignment at run time).
+// w_bytes: the element size of the weight and bias, 0 without either;
+// w_arrays: how many of the two the forward reads.
 inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
-                      const DeviceInfo& dev, int w_bytes = 0, const XSmemTuning& xs = XSmemTuning{}) {
+                      const DeviceInfo& dev, int w_bytes = 0, int w_arrays = 2,
+                      const XSmemTuning& xs = XSmemTuning{}) {
   const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes);
   const int64_t row_bytes = cols * elem_bytes;
   if (bwd || !vec_ok || !r.registers || row_bytes < xs.min_row_bytes) return r;
-  const bool one_cta = dev.cc_major < 9 && row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes;
+  const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes &&
+                       (dev.cc_major < 9 || cols * w_bytes * w_arrays <= row_bytes);
   if (!one_cta && register_inflight(r, cols, elem_bytes) >= xs.max_inflight) return r;
   const Plan s = x_smem_plan(rows, cols, elem_bytes, dev, xs);
   return s.registers ? s : r;
