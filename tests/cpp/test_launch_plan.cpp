@@ -8,12 +8,15 @@ using namespace fln::cuda;
 
 namespace {
 
-void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc) {
+// w_arrays: how many of weight and bias (each of the input's element size) the forward reads.
+void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc, int w_arrays = 2) {
   DeviceInfo dev;
   dev.sm_count = 132;
   dev.cc_major = cc;
-  const Plan p = make_plan(1000, cols, elem, acc, vec_ok, bwd, dev, /*w_bytes=*/elem);
-  SCOPED_TRACE(testing::Message() << "cols=" << cols << " elem=" << elem << " bwd=" << bwd << " cc=" << cc);
+  const int w_bytes = w_arrays > 0 ? elem : 0;
+  const Plan p = make_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays);
+  SCOPED_TRACE(testing::Message() << "cols=" << cols << " elem=" << elem << " bwd=" << bwd << " cc=" << cc
+                                  << " w_arrays=" << w_arrays);
   if (!p.registers) {
     // Falls back only when one CTA cannot hold the row and clusters can't help.
     const int vec = vec_ok ? 16 / elem : 1;
@@ -43,13 +46,15 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc)
       EXPECT_GT(p.tpr, 32);  // RowReducer: a __syncthreads before each push of the cluster's sums
     }
     EXPECT_EQ(p.groups, 1000);
-    // Only where registers would keep too little in flight, or (no clusters)
-    // the row fits one CTA.
-    const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, elem);
-    if (cc >= 9 || cols * elem <= xs.one_cta_min_row || cols * elem > xs.slice_bytes)
-      EXPECT_LT(register_inflight(r, cols, elem), xs.max_inflight);
-    else
+    // Only where registers would keep too little in flight, or the row fits
+    // one CTA and (with clusters) its weight and bias come to at most its bytes.
+    const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes);
+    const bool one_cta = cols * elem > xs.one_cta_min_row && cols * elem <= xs.slice_bytes &&
+                         (cc < 9 || w_arrays <= 1);
+    if (one_cta)
       EXPECT_EQ(p.csize, 1);
+    else
+      EXPECT_LT(register_inflight(r, cols, elem), xs.max_inflight);
     return;
   }
   EXPECT_LE(p.nv, max_accesses(bwd, p.vec, elem, true));              // register budget
@@ -91,7 +96,8 @@ TEST(LaunchPlan, EveryHiddenSizeIsCovered) {
         for (int cc : {8, 9}) {
           const int acc = elem == 8 ? 8 : 4;
           check_cover(cols, elem, acc, false, bwd, cc);
-          if (cols % (16 / elem) == 0) check_cover(cols, elem, acc, true, bwd, cc);
+          if (cols % (16 / elem) == 0)
+            for (int w_arrays : {0, 1, 2}) check_cover(cols, elem, acc, true, bwd, cc, w_arrays);
         }
 }
 

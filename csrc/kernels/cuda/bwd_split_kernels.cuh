@@ -1,11 +1,12 @@
-// Split-row backward, for rows longer than four CTAs hold (or longer than one
-// CTA before sm_90).  Each row is cut into column chunks of one CTA each:
+// Split-row backward, for rows longer than a cluster of 16 CTAs holds (4 for
+// rows of scalar accesses; one CTA before sm_90).  Each row is cut into column chunks of one CTA each:
 //   1. bwd_split_sums_kernel: per (row, chunk), sum(g * xhat) and sum(g);
 //   2. bwd_split_rowsum_kernel: per row, the chunk sums in chunk order;
 //   3. bwd_split_dx_kernel: dx per (row, chunk), and per CTA the dweight /
 //      dbias partials of its chunk over its rows (one partial row per grid row).
 // x and dy are read twice (5 units of traffic instead of 3), but every SM has
-// work at any row length, which beats 8- and 16-CTA clusters (docs/performance.md).
+// work at any row length.  Clusters beat it since their sums are pushed
+// (docs/performance.md, v10d, v12b).
 // Every sum has a fixed order: results are bitwise reproducible.
 #pragma once
 #include "common.cuh"

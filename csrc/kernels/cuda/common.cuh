@@ -246,7 +246,7 @@ __device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
     *reinterpret_cast<V*>(p) = v;
 }
 
-// Largest thread-block cluster of any kernel (the forward's, sm_90).
+// Largest thread-block cluster of any kernel (sm_90; launch_plan.h plans at most 16).
 constexpr int kMaxClusterCtas = 16;
 
 // Cluster exchange of CTA sums by push (sm_90): each CTA stores its sums
@@ -354,7 +354,8 @@ __device__ __forceinline__ A butterfly_sum16(A t) {
 // (launch_plan.h), so every reduction passes a __syncthreads before its
 // push: a CTA pushes into buffer b again only after every CTA has pushed
 // the reduction in between, which each did after all its threads had read
-// buffer b.  Call init() before the first sum() and finish() after the last.
+// buffer b.  Where csize > 1, call init() before the first sum() and
+// finish() after the last.
 // kCluster false: a kernel never launched in clusters, compiled without the
 // cluster exchange (its code cost LayerNorm's forward 2-5 points, v12d).
 template <typename A, int K, int NB = 2, bool kCluster = true>

@@ -1,5 +1,5 @@
-// Split-row forward, for rows longer than two CTAs hold (or than one CTA
-// before sm_90).  Each row is cut into column chunks of one CTA each:
+// Split-row forward, for rows longer than a cluster of 16 CTAs holds (or
+// than one CTA before sm_90).  Each row is cut into column chunks of one CTA each:
 //   1. fwd_split_stats_kernel: per (row, chunk), the chunk's sum and its sum
 //      of squared deviations from the chunk mean (exact two-pass over registers);
 //   2. fwd_split_rowstat_kernel: per row, the chunks merged in chunk order

@@ -38,11 +38,12 @@ struct Plan {
 // 95), 24 KB rows did not (bf16 12288 79 -> 74), so the threshold is 16 KB.
 // Rows longer than one_cta_min_row that fit one slice take one CTA whatever
 // the register plan (v5g), unless clusters exist (sm_90) and the row's
-// weight and bias come to more bytes than the row: their reads from L1/L2
-// each row then cost more than a cluster that keeps them in shared memory
-// (v12b/v12d, H200, % of copy bandwidth, one CTA / cluster: LN bf16 32768
-// 78 / 83, fp32 16384 87 / 88; RMS bf16 32768 92 / 87.5, fp32 16384 96 /
-// 92).  A 32 KB slice lost (bf16 20480 83 -> 66).
+// weight and bias come to more bytes than the row: the one CTA reads them
+// from L1/L2 for every row, and the register plan (a cluster with the
+// weight cache for bf16 32768, one 512-thread CTA for fp32 16384) measured
+// faster (v12b/v12d, H200, % of copy bandwidth, one CTA / register plan: LN
+// bf16 32768 78 / 83, fp32 16384 87 / 88; RMS bf16 32768 92 / 87.5, fp32
+// 16384 96 / 92).  A 32 KB slice lost (bf16 20480 83 -> 66).
 struct XSmemTuning {
   int64_t min_row_bytes = 16 * 1024;
   int64_t max_inflight = 64 * 1024;
