@@ -50,8 +50,9 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   using Slot = PartialSlot<A, VEC>;
   constexpr int kPer = Slot::kElems, kSlots = VEC / kPer;  // slots per access
   constexpr bool kStagedPipe = staged(PIPE), kRegAcc = kStagedPipe;
-  // kNone runs the 16-bit clusters (and rows no other pipe fits), whose
-  // kernel spills at 16 elements a thread and 64 registers (52 bytes).  There, x and dy loads that skip L1
+  // kNone runs 16-bit rows no other pipe fits (the 16-bit clusters before
+  // v12e), whose kernel spills at 16 elements a thread and 64 registers (52
+  // bytes).  There, x and dy loads that skip L1
   // and evict-first dx stores leave L1 to the spills (v8c, H200: bf16 16384
   // 60 -> 67, 32768 55 -> 62% of copy bandwidth).  fp32 clusters, which do
   // not spill, lost 3.6 points with them (16384), and the other pipes 1-11.

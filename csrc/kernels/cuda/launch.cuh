@@ -341,9 +341,12 @@ struct BwdShape {
 //   prefetching and 76 under kStagedReread at 80 registers; 7168 85 / 84).
 // - Rows of a cluster take the prefetch pipe where it keeps as many threads
 //   per SM as kNone (fp32 12288, 4 x 384 threads: 69 -> 83), else the staged
-//   pipe (16 elements a thread) that keeps the most, if that is as many as
-//   kNone's (bf16 12288, 2 x 384 threads, kStagedReread at 80: 53 -> 61,
-//   24576 46 -> 57); 16384 (2 x 512) would lose 58 -> 49.
+//   pipe (16 elements a thread) that keeps the most threads (bf16 12288, 2 x
+//   384 threads, kStagedReread at 80: 53 -> 61, 24576 46 -> 57), even where
+//   kNone keeps more: since cluster sums are pushed (v12a), bf16 16384 (2 x
+//   512, kStaged, one CTA an SM) runs 67.0 -> 85.3, 32768 65.2 -> 78.8,
+//   131072 56.0 -> 69.4 (v12e); with a cluster barrier a row it had lost
+//   58 -> 49.
 // - One-CTA rows that no staged kernel fits prefetch after all; the rest
 //   (and the scalar path) take kNone.
 template <typename DT, typename DW>
@@ -378,7 +381,7 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
     const int64_t t = per_sm(cand[i], smem);
     if (t > best) best = t, pick = i;
   }
-  if (best == 0 || (pl.csize > 1 && best < plain)) return fallback;
+  if (best == 0) return fallback;
   *dyn_smem = smem;
   return cand[pick];
 }
