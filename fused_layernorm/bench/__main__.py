@@ -66,14 +66,14 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() and not a.cpu else "cpu"
     gpu = device == "cuda"
     env = report.environment(device)
-    if a.results and not report.is_full_commit(env["git_commit"]):
+    if a.results and not report.is_full_commit(env["commit"]):
         print("--results needs the full 40-digit commit being measured: run from a git checkout, or set "
               "FLN_GIT_COMMIT=$(git rev-parse HEAD) (and FLN_GIT_DIRTY=0|1); "
-              f"got {env['git_commit']!r}", file=sys.stderr)
+              f"got {env['commit']!r}", file=sys.stderr)
         return 2
     print(f"fused_layernorm bench: {device}" + (f" ({env['gpu_name']}, {env['sm_count']} SMs)" if gpu else
-          f" ({env['cpu_threads']} threads)") + f", torch {env['torch_version']}, git {env['git_commit']}"
-          + (" (dirty)" if env["git_dirty"] else ""))
+          f" ({env['cpu_threads']} threads)") + f", torch {env['torch_version']}, git {env['commit']}"
+          + (" (dirty)" if env["dirty"] else ""))
 
     peers, unavailable, skipped = peers_mod.load_peers(a.peers, device, a.compile_dtypes)
     notes = []
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - t_start
     compile_s = plan.verify_s.get("compile", 0.0)
     doc = dict(
-        schema="fused_layernorm.bench/1", **env,
+        schema="fused_layernorm.bench/2", **env,
         copy_bandwidth_gbps=copy["gbps"], copy_bandwidth=copy,
         peers_requested=a.peers, peers_available=[p.name for p in peers],
         peers_unavailable=unavailable, peers_skipped=skipped, notes=notes,

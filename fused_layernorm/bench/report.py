@@ -183,8 +183,8 @@ def environment(device: str) -> dict:
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device,
-        "git_commit": commit.strip() if commit else None,
-        "git_dirty": None if status is None else bool(status.strip()),
+        "commit": commit.strip() if commit else None,
+        "dirty": None if status is None else bool(status.strip()),
         "python_version": platform.python_version(),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
