@@ -62,8 +62,12 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
   if (p.nv > max_accesses(bwd, p.vec, elem))
     EXPECT_GT(cols, int64_t(kMaxCta) * max_accesses(bwd, p.vec, elem) * p.vec);
   if (bwd) EXPECT_LE(bwd_partials_smem(p.cta_threads, p.nv, p.vec, acc), 64 * 1024);  // 3 CTAs per SM
-  // Bytes of row per thread; 64 in the backward only for 4-byte rows of one CTA.
-  EXPECT_LE(p.nv * p.vec * elem, bwd ? (elem == 4 && p.csize == 1 ? 64 : 32) : 128);
+  // Bytes of row per thread; 64 in the backward only for 4-byte rows.
+  EXPECT_LE(p.nv * p.vec * elem, bwd ? (elem == 4 ? 64 : 32) : 128);
+  // The forward's 128-byte threads never cost a cluster its weight cache.
+  if (!bwd && p.vec > 1 && p.csize > 1 && w_arrays > 0 && !p.cache_wb)
+    EXPECT_FALSE(register_layout(1000, cols / p.vec, p.vec, max_accesses(false, p.vec, elem), false, dev, w_bytes)
+                     .cache_wb);
   if (bwd && p.nv * p.vec * elem > 32) EXPECT_GT(cols, int64_t(kMaxCta) * max_accesses(bwd, p.vec, elem) * p.vec);
   if (p.cache_wb) {  // forward clusters of 16-byte accesses, two CTAs per SM
     EXPECT_FALSE(bwd);
@@ -176,6 +180,18 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   EXPECT_EQ(h.csize, 4);
   EXPECT_EQ(h.nv * h.vec * 2, 64);
   EXPECT_TRUE(h.cache_wb);
+  // fp32 rows whose 128-byte threads would span a cluster without the
+  // weight cache keep 64 bytes and the cache: 32768 in 4 CTAs, not 2.
+  const Plan g = make_plan(1 << 12, 32768, 4, 4, true, false, dev, 4);
+  EXPECT_EQ(g.csize, 4);
+  EXPECT_EQ(g.nv * g.vec * 4, 64);
+  EXPECT_TRUE(g.cache_wb);
+  // ... but 128 bytes where the cache still fits (20480: 2 CTAs of 320) or
+  // where no weight is read.
+  const Plan k = make_plan(1 << 12, 20480, 4, 4, true, false, dev, 4);
+  EXPECT_EQ(k.csize, 2);
+  EXPECT_TRUE(k.cache_wb);
+  EXPECT_EQ(make_plan(1 << 12, 32768, 4, 4, true, false, dev, 0, 0).csize, 2);
 }
 
 TEST(LaunchPlan, BackwardElementsPerThread) {
@@ -192,9 +208,11 @@ TEST(LaunchPlan, BackwardElementsPerThread) {
       // threads), where 8 elements would need a 2-CTA cluster.
       {5120, 4, 1, 320, 16},
       {8192, 4, 1, 512, 16},
-      // fp32 4096 keeps 8 elements, and so do fp32 clusters (12288).
+      // fp32 4096 keeps 8 elements; fp32 clusters take 16 (12288: 2 CTAs,
+      // not 4; 131072: 16 CTAs, where 8 elements would need 32).
       {4096, 4, 1, 512, 8},
-      {12288, 4, 4, 0, 8},
+      {12288, 4, 2, 384, 16},
+      {131072, 4, 16, 512, 16},
       // 16-bit rows: 8 elements a thread up to 4096 (512 threads), then 16,
       // in one CTA up to 8192 and in clusters beyond.
       {4096, 2, 1, 512, 8},

@@ -111,10 +111,10 @@ def test_hidden_size_sweep(kind, dtype, hidden, seed):
 @pytest.mark.parametrize("hidden", [20480, 32768, 49152, 65536, 131072])
 def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     """Enough rows that each persistent cluster walks several, reusing its
-    weight/bias slice (cached in shared memory for 16-bit inputs).  The
-    backward runs clusters of up to 16 CTAs: fp32 20480 and 32768, 16-bit
-    49152 and 65536 fill 8 with 320-512 threads a CTA, fp32 65536 and
-    16-bit 131072 fill 16."""
+    weight/bias slice (cached in shared memory: 16-bit inputs, and fp32 from
+    20480).  The backward runs clusters of up to 16 CTAs of 16 elements a
+    thread: 16-bit 49152 and 65536 and fp32 65536 fill 8 with 384-512
+    threads a CTA, 16-bit and fp32 131072 fill 16."""
     check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 

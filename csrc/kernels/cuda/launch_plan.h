@@ -62,16 +62,14 @@ constexpr int64_t wb_cache_smem(int cta_threads, int nv, int vec, int w_bytes) {
 }
 
 // Accesses of `vec` elements a thread may hold per row.  Forward: 64 bytes of
-// x in the storage dtype (four 16-byte loads in flight).  For 4- and 8-byte
-// types, rows that would otherwise span a cluster (`long_row`) take 128 bytes,
-// which halves the cluster or removes it (H200, fp32: 12288 54 -> 76%, 131072
-// 41 -> 58% of copy bandwidth).  16-bit types stay at 64 bytes (32 elements):
-// at 128 bytes a thread holds 64 elements and spills, and bf16 65536 measured
-// 48% against 54% with 64 bytes and the weight cache (Plan::cache_wb).
+// x in the storage dtype (four 16-byte loads in flight); `long_row` (rows
+// that would otherwise span a cluster, see register_plan) gives 4- and 8-byte
+// types 128 bytes.  16-bit types stay at 64 bytes (32 elements): at 128
+// bytes a thread holds 64 elements and spills, and bf16 65536 measured 48%
+// against 54% with 64 bytes and the weight cache (Plan::cache_wb).
 // Backward: 8 elements each of x and dy (16 bytes of a 16-bit type, 32 of
-// fp32; 32 bytes of 8-byte types); `long_row` doubles that, for 16-bit rows
-// that do not fit one CTA and for 4-byte rows that then fit one (fp32
-// 5120-8192).  16-bit rows of up to 4096 elements ran faster at 8 elements a
+// fp32; 32 bytes of 8-byte types); `long_row` doubles that for 2- and 4-byte
+// types.  16-bit rows of up to 4096 elements ran faster at 8 elements a
 // thread under the prefetch pipe, 1024 threads an SM, than at 16 (v8a, H200:
 // bf16 768 80 -> 90, 2048 85 -> 92, 4096 85 -> 90).  The scalar path (vec 1)
 // keeps at most 16 (forward) or 8 (backward) elements: each takes a whole
@@ -134,23 +132,16 @@ inline int64_t register_inflight(const Plan& p, int64_t cols, int elem_bytes) {
   return ctas * p.rows_per_cta * (cols * elem_bytes / p.csize);
 }
 
-// The register-kernel plan; registers == false where no CTA or cluster can
-// hold the row (the split path).
-inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
-                          const DeviceInfo& dev, int w_bytes) {
+// The register-kernel layout of a row of `nvec` accesses of `vec` elements,
+// at most nv_max a thread; registers == false where no CTA or cluster can
+// hold it (the split path).
+inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, bool bwd, const DeviceInfo& dev,
+                            int w_bytes) {
   Plan p;
-  p.vec = vec_ok ? 16 / elem_bytes : 1;
-  const int64_t nvec = (cols + p.vec - 1) / p.vec;
+  p.vec = vec;
   // Give each thread nv_max accesses (several 16-byte loads in flight) and
   // use as many threads as that takes; past kMaxCta threads, split the row
   // over a thread-block cluster (sm_90+, at most 16 CTAs), else fall back.
-  int nv_max = max_accesses(bwd, p.vec, elem_bytes);
-  if ((nvec + nv_max - 1) / nv_max > kMaxCta) {
-    // The backward widens 4-byte rows only where that avoids a cluster: fp32
-    // clusters of 16 elements a thread lost to those of 8 (v6d).
-    const int wide = max_accesses(bwd, p.vec, elem_bytes, true);
-    if (!bwd || elem_bytes == 2 || (nvec + wide - 1) / wide <= kMaxCta) nv_max = wide;
-  }
   const int64_t threads = (nvec + nv_max - 1) / nv_max;
   if (threads > kMaxCta) {
     const int64_t cs = (threads + kMaxCta - 1) / kMaxCta;
@@ -185,6 +176,31 @@ inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_by
   p.cache_wb = !bwd && p.csize > 1 && p.vec > 1 && w_bytes > 0 &&
                wb_cache_smem(p.cta_threads, p.nv, p.vec, w_bytes) <= kWbCacheMax;
   return p;
+}
+
+// The register-kernel plan: the layout at max_accesses' budget, or, for rows
+// that need more than one CTA at it, at the `long_row` budget where:
+// - backward: always (8-byte rows have no larger budget).  fp32 clusters of 16 elements a thread, staged, beat those of 8
+//   since cluster sums are pushed (v13a, H200, % of copy bandwidth, LN:
+//   16384 89.9 -> 95.3, 20480 86.9 -> 97.1, 32768 87.0 -> 92.8, 65536 80.5
+//   -> 95.6, 131072 55.7 (split path) -> 90.0; 12288 and 24576 lose 0.2-1.7
+//   from 97); v6d had measured them behind, with a cluster barrier a row.
+// - forward: 4- and 8-byte rows, unless the wider thread's cluster loses the
+//   weight cache that the narrower one keeps: the 128-byte threads' cache
+//   takes 128 KB at 512 threads (v13b, H200, fp32 LN 32768 74.9 -> 86.8,
+//   65536 71.3 -> 85.6, 131072 67.7 -> 81.0; RMS +3.3 to +6.9).  Halving or
+//   removing a cluster otherwise gains (12288 54 -> 76% before v12a; v13b:
+//   LN 12288 one CTA 87.4 against 86.3 in two, 20480 74.4 against 71.9).
+inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
+                          const DeviceInfo& dev, int w_bytes) {
+  const int vec = vec_ok ? 16 / elem_bytes : 1;
+  const int64_t nvec = (cols + vec - 1) / vec;
+  const int narrow = max_accesses(bwd, vec, elem_bytes), wide = max_accesses(bwd, vec, elem_bytes, true);
+  const Plan n = register_layout(rows, nvec, vec, narrow, bwd, dev, w_bytes);
+  if (wide == narrow || (nvec + narrow - 1) / narrow <= kMaxCta) return n;
+  const Plan w = register_layout(rows, nvec, vec, wide, bwd, dev, w_bytes);
+  if (bwd) return w;
+  return w.csize > 1 && !w.cache_wb && n.cache_wb ? n : w;
 }
 
 // vec_ok: every pointer and row stride allows accesses of 16 bytes and cols is
