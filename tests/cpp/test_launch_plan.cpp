@@ -75,6 +75,11 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     EXPECT_GT(p.vec, 1);
     EXPECT_LE(wb_cache_smem(p.cta_threads, p.nv, p.vec, elem), kWbCacheMax);
   }
+  if (p.stage_x) {  // the next row beside the weight cache, at most 64 bytes a thread (pick_fwd)
+    EXPECT_TRUE(p.cache_wb);
+    EXPECT_LE(wb_cache_smem(p.cta_threads, p.nv, p.vec, elem) + x_smem_bytes(p.cta_threads, p.nv), kWbCacheMax);
+    EXPECT_LE(p.nv, max_accesses(false, p.vec, elem));
+  }
   if (p.tpr <= 32) EXPECT_EQ(p.tpr & (p.tpr - 1), 0);                 // lanes of a warp: power of two
   else EXPECT_EQ(p.tpr % 32, 0);                                       // else whole warps
   EXPECT_LE(p.tpr, kMaxCta);
@@ -180,6 +185,7 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   EXPECT_EQ(h.csize, 4);
   EXPECT_EQ(h.nv * h.vec * 2, 64);
   EXPECT_TRUE(h.cache_wb);
+  EXPECT_TRUE(h.stage_x);
   // fp32 rows whose 128-byte threads would span a cluster without the
   // weight cache keep 64 bytes and the cache: 32768 in 4 CTAs, not 2.
   const Plan g = make_plan(1 << 12, 32768, 4, 4, true, false, dev, 4);
@@ -191,6 +197,7 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   const Plan k = make_plan(1 << 12, 20480, 4, 4, true, false, dev, 4);
   EXPECT_EQ(k.csize, 2);
   EXPECT_TRUE(k.cache_wb);
+  EXPECT_FALSE(k.stage_x);  // 80 KB of cache leave no room for the next row
   EXPECT_EQ(make_plan(1 << 12, 32768, 4, 4, true, false, dev, 0, 0).csize, 2);
 }
 

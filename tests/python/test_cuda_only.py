@@ -118,6 +118,17 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [32768, 65536])
+@pytest.mark.parametrize("offset", [2.0, 8.0])
+def test_layer_norm_staged_rows_off_zero(dtype, hidden, offset, seed):
+    """The forward clusters that stage the next row shift their sums by K = 0:
+    rows of mean 2 and std 1 keep the one-pass statistics, rows of mean 8
+    (mean^2 > 8 var) take the exact second pass; both must match."""
+    check(make_inputs("ln", (4096 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),
+                      scale=1.0, offset=offset))
+
+
 @kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [256, 1024, 4096, 5120, 6144, 12288])

@@ -53,6 +53,12 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // row, instead of re-reading it from L2 (long rows do not stay in L1).  Takes
 // 2 * NV * blockDim.x * VEC * sizeof(W) bytes of dynamic shared memory.
 //
+// STAGE (with CACHE_WB, 16-byte accesses): each thread also copies its
+// slice of the next row into shared memory (cp.async, another NV *
+// blockDim.x * 16 bytes, its own slots) as soon as it has summed the current
+// one, and reads it back into registers when that row's turn comes: the
+// copy overlaps the cluster's reduction and the write of y.
+//
 // X_SMEM (16-byte accesses, one row per CTA, no CACHE_WB): the row is kept
 // in shared memory instead of registers, in the same [access][thread] slots,
 // copied there with cp.async.  Each thread reads back only the slots it
@@ -71,7 +77,7 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 //
 // Statistics.  RMSNorm reduces sum(x^2).  LayerNorm, in most kernels,
 // reduces the sums of d = x - K and d^2 together, K the row's first
-// element: mean = K + sum(d) / n, var = sum(d^2) / n - (mean - K)^2.  The
+// element (0 in the STAGE kernels): mean = K + sum(d) / n, var = sum(d^2) / n - (mean - K)^2.  The
 // subtraction magnifies the rounding of sum(d^2) by 1 + (mean - K)^2 / var,
 // so a row whose (mean - K)^2 exceeds kMaxShiftRatio * var (K an outlier),
 // or whose var is not finite, takes a second pass, sum((x - mean)^2) over
@@ -88,10 +94,11 @@ constexpr float kMaxShiftRatio = 8;
 // and a reciprocal computed in the kernel holds a register for the whole
 // kernel (the fp32 128-byte threads then spilled 8 bytes more and lost 2
 // points, v9h); a kernel parameter is read from the constant bank.
-template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM, bool CLUSTER>
+template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM, bool CLUSTER, bool STAGE>
 __global__ void __launch_bounds__(kMaxCtaThreads, 2)
 norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   static_assert(!(X_SMEM && CACHE_WB), "one use of the dynamic shared memory at a time");
+  static_assert(!STAGE || (CACHE_WB && VEC * sizeof(T) == 16), "rows are staged beside the weight cache");
   // Registers must be indexed by constants (full unroll); the shared-memory
   // loops are unrolled by 4, or their per-access addresses would all stay live.
   constexpr int kUnroll = X_SMEM && NV > 4 ? 4 : NV;
@@ -127,6 +134,21 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   Frag<T, VEC>* xs = reinterpret_cast<Frag<T, VEC>*>(dyn_smem) + threadIdx.x;
   Frag<W, VEC>* wcache = reinterpret_cast<Frag<W, VEC>*>(dyn_smem);
   Frag<W, VEC>* bcache = wcache + NV * blockDim.x;
+  // STAGE: the next row's slots, [access][thread], after the weight cache.
+  const uint32_t stage_base = STAGE ? smem_addr(bcache + NV * blockDim.x) + threadIdx.x * 16 : 0;
+  auto stage_slot = [&](int i) { return stage_base + uint32_t(i) * blockDim.x * 16; };
+  const int64_t row_step = ngroups * rpc;
+  // STAGE: start the copies of `row` into the stage slots, to be waited for
+  // when its turn comes.
+  auto stage_row = [&](int64_t row) {
+    if (row < p.rows) {
+      const T* r = xg + row * p.x_stride;
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+        if (col(i) < n) cp_async16_to(stage_slot(i), r + col(i));
+    }
+    cp_async_commit();
+  };
   if constexpr (CACHE_WB)  // own slots only: no barrier
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -135,12 +157,14 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
       if (wg) wcache[i * blockDim.x + threadIdx.x].load(wg + c);
       if (bg) bcache[i * blockDim.x + threadIdx.x].load(bg + c);
     }
+  if constexpr (STAGE) stage_row(group * rpc + row_in_cta);
 
   for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
     const int64_t row = base + row_in_cta;
     const bool live = row < p.rows;
     const T* xrow = xg + row * p.x_stride;  // addressed per row, offset per access
     Frag<T, VEC> xr[X_SMEM ? 1 : NV];
+    if constexpr (STAGE) cp_async_wait_all();  // this row's stage slots have landed
 #pragma unroll kUnroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = col(i);
@@ -149,6 +173,9 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           if constexpr (kSmemAddr) cp_async16_to(xs_slot(i), xrow + c);
           else cp_async16(xs + i * blockDim.x, xrow + c);
         }
+      } else if constexpr (STAGE) {
+        if (live && c < n) xr[i] = load_shared16<T, VEC>(stage_slot(i));
+        else xr[i].zero();
       } else {
         if (live && c < n) xr[i].load(xrow + c);
         else xr[i].zero();
@@ -156,8 +183,25 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
     }
     // LayerNorm's shift K, the row's first element, loaded with the row
     // (after the wait, a shared-memory row paid a second memory latency).
+    // STAGE kernels shift by K = 0 instead: the load of x[0] was a global
+    // latency in every row and its register made the 16-bit kernels spill
+    // (v13c: LN bf16 65536 74.9 with it, 85.2 without); rows whose mean is
+    // far from 0 take the exact second pass.
     A k0 = 0;
-    if (kShifted && !p.rms && live) k0 = to_acc(xrow[0]);
+    if (!STAGE && kShifted && !p.rms && live) k0 = to_acc(xrow[0]);
+    // STAGE: the next row's copies start once this thread's partial sums
+    // hold every value read from its stage slots (the empty asm consumes
+    // them), so that no copy overwrites a slot before it is read.
+    bool staged_next = !STAGE;
+    auto stage_next = [&](A a, A b) {
+      if constexpr (STAGE) {
+        if (staged_next) return;
+        if constexpr (sizeof(A) == 8) asm volatile("" ::"d"(a), "d"(b));
+        else asm volatile("" ::"f"(a), "f"(b));
+        stage_row(base + row_step + row_in_cta);
+        staged_next = true;
+      }
+    };
     if constexpr (X_SMEM) cp_async_wait_all();
     auto x = [&](int i) -> Frag<T, VEC> {
       if constexpr (kSmemAddr) return load_shared16<T, VEC>(xs_slot(i));
@@ -188,6 +232,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           m[0] += a;
           m[1] += b;
         }
+        stage_next(m[0], m[1]);
         red2.sum(m);
         const A dm = m[0] * inv_n;
         mean = k0 + dm;
@@ -207,6 +252,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           for (int k = 0; k < VEC; ++k) si += xi.get(k);
           s[0] += si;
         }
+        stage_next(s[0], s[0]);
         red.sum(s);
         mean = s[0] * inv_n;
       }
@@ -230,6 +276,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           }
           q[0] += qi;
         }
+        stage_next(q[0], q[0]);
         red.sum(q);
         var = q[0] * inv_n;
       };

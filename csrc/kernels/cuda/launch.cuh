@@ -128,14 +128,15 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
 
 // Instantiation chooser: the kernel holding NV accesses of VEC for the
 // smallest power of two NV >= nv that the register budget allows.
-template <typename DT, typename DW, int VEC, bool CACHE_WB, bool X_SMEM, bool CLUSTER, int NV = 1>
+template <typename DT, typename DW, int VEC, bool CACHE_WB, bool X_SMEM, bool CLUSTER, bool STAGE = false, int NV = 1>
 auto pick_fwd(int nv) -> void (*)(FwdParams, RowLayout, dacc_t<DT>) {
-  constexpr int kMax = X_SMEM ? kXSmemMaxNv : max_accesses(false, VEC, sizeof(DT), true);
+  // Staged rows never take the 128-byte threads (test_launch_plan.cpp).
+  constexpr int kMax = X_SMEM ? kXSmemMaxNv : max_accesses(false, VEC, sizeof(DT), !STAGE);
   if constexpr (NV >= kMax) {
-    return &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM, CLUSTER>;
+    return &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM, CLUSTER, STAGE>;
   } else {
-    return nv <= NV ? &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM, CLUSTER>
-                    : pick_fwd<DT, DW, VEC, CACHE_WB, X_SMEM, CLUSTER, NV * 2>(nv);
+    return nv <= NV ? &norm_fwd_kernel<DT, DW, VEC, NV, CACHE_WB, X_SMEM, CLUSTER, STAGE>
+                    : pick_fwd<DT, DW, VEC, CACHE_WB, X_SMEM, CLUSTER, STAGE, NV * 2>(nv);
   }
 }
 
@@ -170,7 +171,8 @@ auto fwd_kernel_of(const Plan& pl) {
 template <typename DT, typename DW>
 auto fwd_kernel_for(const Plan& pl) {
   constexpr int V = 16 / sizeof(DT);
-  if (pl.cache_wb) return pick_fwd<DT, DW, V, true, false, true>(pl.nv);
+  if (pl.cache_wb)
+    return pl.stage_x ? pick_fwd<DT, DW, V, true, false, true, true>(pl.nv) : pick_fwd<DT, DW, V, true, false, true>(pl.nv);
   const bool wide = !pl.x_smem && pl.nv > max_accesses(false, pl.vec, sizeof(DT));
   return pl.csize > 1 || wide ? fwd_kernel_of<DT, DW, true>(pl) : fwd_kernel_of<DT, DW, false>(pl);
 }
@@ -251,7 +253,8 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
     // CTAs and rows in shared memory one CTA (or cluster) per row group
     // (persistent plain grids lost on H200, twice: v3a, v4h).
     const size_t smem = pl.x_smem     ? size_t(x_smem_bytes(pl.cta_threads, pl.nv))
-                        : pl.cache_wb ? size_t(wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW)))
+                        : pl.cache_wb ? size_t(wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW)) +
+                                               (pl.stage_x ? x_smem_bytes(pl.cta_threads, pl.nv) : 0))
                                       : 0;
     int64_t groups = pl.groups < INT32_MAX / pl.csize ? pl.groups : INT32_MAX / pl.csize;
     const bool persistent = pl.csize > 1 && !pl.x_smem;

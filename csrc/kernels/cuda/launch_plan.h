@@ -22,6 +22,7 @@ struct Plan {
   int64_t groups = 0;     // row groups (CTAs, or clusters) in the grid, before any persistence cap
   bool cache_wb = false;  // forward clusters: weight and bias slices kept in shared memory
   bool x_smem = false;    // forward: the row is kept in shared memory, not registers
+  bool stage_x = false;   // forward weight-cache clusters: the next row is staged in shared memory
 };
 
 // Forward rows kept in shared memory (Plan::x_smem).  A register plan keeps
@@ -56,7 +57,8 @@ constexpr int kXSmemMaxNv = 32;
 inline int64_t x_smem_bytes(int cta_threads, int nv) { return int64_t(cta_threads) * nv * 16; }
 
 // Shared memory of the forward's weight and bias cache (Plan::cache_wb);
-// w_bytes is the weight's element size, 0 without weight and bias.
+// w_bytes is the weight's element size, 0 without weight and bias.  With
+// Plan::stage_x, x_smem_bytes(cta_threads, nv) more hold the next row.
 constexpr int64_t wb_cache_smem(int cta_threads, int nv, int vec, int w_bytes) {
   return 2 * int64_t(cta_threads) * nv * vec * w_bytes;
 }
@@ -175,6 +177,15 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
   // rather than from L2 for every row (H200, bf16 65536: 51 -> 55%, RMS 56 -> 67%).
   p.cache_wb = !bwd && p.csize > 1 && p.vec > 1 && w_bytes > 0 &&
                wb_cache_smem(p.cta_threads, p.nv, p.vec, w_bytes) <= kWbCacheMax;
+  // And, where it still fits beside the cache, the next row's slice is
+  // copied into shared memory (cp.async) while the current one is reduced
+  // and written (v13c, H200, % of copy bandwidth: LN bf16 32768 83.6 ->
+  // 86.8, 65536 78.1 -> 85.2, 131072 76.5 -> 86.5; RMS bf16 65536 84.3 ->
+  // 87.2; LN fp32 131072 81.3 -> 88.5).  Where it does not (fp32 24576: two
+  // CTAs of 384 threads, 96 KB of cache), the narrower layout it would force
+  // lost 6 points.
+  p.stage_x = p.cache_wb && wb_cache_smem(p.cta_threads, p.nv, p.vec, w_bytes) +
+                                    x_smem_bytes(p.cta_threads, p.nv) <= kWbCacheMax;
   return p;
 }
 
