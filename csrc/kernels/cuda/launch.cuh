@@ -172,7 +172,8 @@ template <typename DT, typename DW>
 auto fwd_kernel_for(const Plan& pl) {
   constexpr int V = 16 / sizeof(DT);
   if (pl.cache_wb)
-    return pl.stage_x ? pick_fwd<DT, DW, V, true, false, true, true>(pl.nv) : pick_fwd<DT, DW, V, true, false, true>(pl.nv);
+    return pl.stage_x ? pick_fwd<DT, DW, V, true, false, true, true>(pl.nv)
+                      : pick_fwd<DT, DW, V, true, false, true, false>(pl.nv);
   const bool wide = !pl.x_smem && pl.nv > max_accesses(false, pl.vec, sizeof(DT));
   return pl.csize > 1 || wide ? fwd_kernel_of<DT, DW, true>(pl) : fwd_kernel_of<DT, DW, false>(pl);
 }

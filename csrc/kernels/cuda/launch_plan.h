@@ -191,8 +191,9 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
 
 // The register-kernel plan: the layout at max_accesses' budget, or, for rows
 // that need more than one CTA at it, at the `long_row` budget where:
-// - backward: always (8-byte rows have no larger budget).  fp32 clusters of 16 elements a thread, staged, beat those of 8
-//   since cluster sums are pushed (v13a, H200, % of copy bandwidth, LN:
+// - backward: always (8-byte rows have no larger budget).  fp32 clusters
+//   of 16 elements a thread, staged, beat those of 8 since cluster sums
+//   are pushed (v13a, H200, % of copy bandwidth, LN:
 //   16384 89.9 -> 95.3, 20480 86.9 -> 97.1, 32768 87.0 -> 92.8, 65536 80.5
 //   -> 95.6, 131072 55.7 (split path) -> 90.0; 12288 and 24576 lose 0.2-1.7
 //   from 97); v6d had measured them behind, with a cluster barrier a row.
