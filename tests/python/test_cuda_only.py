@@ -119,12 +119,14 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [32768, 65536])
+@pytest.mark.parametrize("hidden", [6144, 12288, 20480, 32768, 65536])
 @pytest.mark.parametrize("offset", [2.0, 8.0])
-def test_layer_norm_staged_rows_off_zero(dtype, hidden, offset, seed):
-    """The forward clusters that stage the next row shift their sums by K = 0:
-    rows of mean 2 and std 1 keep the one-pass statistics, rows of mean 8
-    (mean^2 > 8 var) take the exact second pass; both must match."""
+def test_layer_norm_shared_memory_rows_off_zero(dtype, hidden, offset, seed):
+    """The forward kernels that take the row through shared memory shift
+    their sums by K = 0 (16-bit 12288 and 20480, fp32 6144: the row kept in
+    shared memory; 32768 and 65536: clusters that stage the next row): rows
+    of mean 2 and std 1 keep the one-pass statistics, rows of mean 8 (mean^2
+    > 8 var) take the exact second pass; both must match."""
     check(make_inputs("ln", (4096 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),
                       scale=1.0, offset=offset))
 
@@ -135,9 +137,9 @@ def test_layer_norm_staged_rows_off_zero(dtype, hidden, offset, seed):
 def test_backward_many_rows_per_cta(kind, dtype, hidden, seed):
     """Each persistent backward CTA walks many rows, loading the next rows while
     it finishes the current one (a second set of registers, or a ring of
-    shared-memory stages for 16-bit rows: 4096 keeps the row in registers,
-    5120 and 6144 re-read it at 96 and 80 registers, 12288 in a cluster); an
-    odd row count leaves a partial last step."""
+    shared-memory stages: 16-bit 4096 and 5120 prefetch into registers, 6144
+    and 12288 (a cluster) stage two rows a reduction); an odd row count
+    leaves a partial last step, and half of a last pair of rows."""
     check(make_inputs(kind, (8191, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 

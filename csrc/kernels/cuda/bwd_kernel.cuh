@@ -37,10 +37,19 @@ enum class BwdPipe {
   // partials and weights is live across the reduction (fewer registers).
   kStaged,
   kStagedReread,
+  // kStaged over two rows at a time (a stage holds both, rows `step` apart):
+  // one reduction, and in a cluster one exchange, carries both rows' sums,
+  // so the per-reduction work (shuffles, barrier, exchange, pipe upkeep) is
+  // paid once per 32 elements a thread (16-bit rows of 16 a thread).
+  kStagedPair,
 };
 constexpr int kBwdStages = 3;
 
-constexpr bool staged(BwdPipe p) { return p == BwdPipe::kStaged || p == BwdPipe::kStagedReread; }
+constexpr bool staged(BwdPipe p) {
+  return p == BwdPipe::kStaged || p == BwdPipe::kStagedReread || p == BwdPipe::kStagedPair;
+}
+// Rows of a CTA's row group reduced together.
+constexpr int bwd_rows_per_sum(BwdPipe p) { return p == BwdPipe::kStagedPair ? 2 : 1; }
 
 // The backward of one CTA (or cluster) over its rows; the kernels below
 // differ only in their register cap.
@@ -50,6 +59,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   using Slot = PartialSlot<A, VEC>;
   constexpr int kPer = Slot::kElems, kSlots = VEC / kPer;  // slots per access
   constexpr bool kStagedPipe = staged(PIPE), kRegAcc = kStagedPipe;
+  constexpr int kRows = bwd_rows_per_sum(PIPE), kSums = 2 * kRows;
   // kNone runs 16-bit rows no other pipe fits (the 16-bit clusters before
   // v12e), whose kernel spills at 16 elements a thread and 64 registers (52
   // bytes).  There, x and dy loads that skip L1
@@ -58,11 +68,12 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   // not spill, lost 3.6 points with them (16384), and the other pipes 1-11.
   constexpr bool kStream = PIPE == BwdPipe::kNone && sizeof(T) == 2;
   static_assert(!kStagedPipe || VEC * sizeof(T) == 16, "cp.async stages move 16-byte accesses");
-  __shared__ ReduceSmem<A, 2, 4> smem;
+  __shared__ ReduceSmem<A, kSums, 4> smem;
   // (dweight, dbias) partials, [NV * kSlots][CTA threads]: each thread owns
   // its slots (no barrier until the merge) and a warp's accesses are
-  // consecutive.  Staged pipes: the stage buffers, [stage][access][x, dy][CTA
-  // threads]; the partials take the same memory only for the final merge.
+  // consecutive.  Staged pipes: the stage buffers, [stage][row of the
+  // iteration][access][x, dy][CTA threads]; the partials take the same
+  // memory only for the final merge.
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   Slot* acc = reinterpret_cast<Slot*>(dyn_smem);
   Frag<T, VEC>* stages = reinterpret_cast<Frag<T, VEC>*>(dyn_smem);
@@ -73,6 +84,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   const int t = crank * tpr + lane;
   const int64_t group = blockIdx.x / lay.csize, ngroups = gridDim.x / lay.csize;
   const int64_t step = ngroups * rpc;  // rows between a CTA's consecutive row groups
+  const int64_t iter_step = step * kRows;  // rows between the first rows of consecutive iterations
   const int64_t n = p.cols;
   const T* __restrict__ xg = static_cast<const T*>(p.x);
   const T* __restrict__ dyg = static_cast<const T*>(p.dy);
@@ -81,9 +93,12 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   const A* __restrict__ rstdg = static_cast<const A*>(p.rstd);
   const A inv_n = A(1) / A(n);
   const bool want_dw = part_w != nullptr || part_b != nullptr;
-  RowReducer<A, 2, 4> red{smem, tpr, lay.csize, row_in_cta};
+  RowReducer<A, kSums, 4> red{smem, tpr, lay.csize, row_in_cta};
   red.init();
-  auto stage_slot = [&](int s, int i, int which) { return ((s * NV + i) * 2 + which) * cta + threadIdx.x; };
+  // Stage s, row j of the iteration, access i, x (0) or dy (1).
+  auto stage_slot = [&](int s, int j, int i, int which) {
+    return (((s * kRows + j) * NV + i) * 2 + which) * cta + threadIdx.x;
+  };
   auto col = [&](int i) { return int64_t(i * stride + t) * VEC; };
 
   // This thread's columns are the same in every row: its weights stay in
@@ -108,9 +123,9 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
     Frag<T, VEC> x[NV], dy[NV];
     A mean, rstd;
   };
-  auto load_stats = [&](int64_t row, RowIn& r) {
-    r.mean = (row < p.rows && !p.rms) ? meang[row] : A(0);
-    r.rstd = row < p.rows ? rstdg[row] : A(0);
+  auto load_stat = [&](int64_t row, A& mean, A& rstd) {
+    mean = (row < p.rows && !p.rms) ? meang[row] : A(0);
+    rstd = row < p.rows ? rstdg[row] : A(0);
   };
   auto load_row = [&](int64_t row, RowIn& r) {
 #pragma unroll
@@ -129,117 +144,142 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
         }
       }
     }
-    load_stats(row, r);
+    load_stat(row, r.mean, r.rstd);
   };
-  // Staged: start the copies of the row group at `base` into stage s.
+  // Staged: start the copies of the iteration at `base` (kRows rows) into stage s.
   auto issue = [&](int64_t base, int s) {
-    const int64_t row = base + row_in_cta;
 #pragma unroll
-    for (int i = 0; i < NV; ++i)
-      if (row < p.rows && col(i) < n) {
-        cp_async16(&stages[stage_slot(s, i, 0)], xg + row * p.x_stride + col(i));
-        cp_async16(&stages[stage_slot(s, i, 1)], dyg + row * p.dy_stride + col(i));
-      }
-    cp_async_commit();  // one group per row group, empty or not, so the count stays fixed
+    for (int j = 0; j < kRows; ++j) {
+      const int64_t row = base + row_in_cta + j * step;
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+        if (row < p.rows && col(i) < n) {
+          cp_async16(&stages[stage_slot(s, j, i, 0)], xg + row * p.x_stride + col(i));
+          cp_async16(&stages[stage_slot(s, j, i, 1)], dyg + row * p.dy_stride + col(i));
+        }
+    }
+    cp_async_commit();  // one group per iteration, empty or not, so the count stays fixed
+  };
+  // Staged: the statistics of an iteration's rows.
+  struct Stats {
+    A mean[kRows], rstd[kRows];
+  };
+  auto load_stats = [&](int64_t base, Stats& st) {
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) load_stat(base + row_in_cta + j * step, st.mean[j], st.rstd[j]);
   };
 
   RowIn cur, next;
-  // Staged: the statistics of the row after `next`, loaded as far ahead as
-  // the row itself.  One row ahead, their latency showed whenever a row took
-  // less time than a load (fp32 5120 at 10 warps an SM: v7d).
-  A mean2 = 0, rstd2 = 0;
-  int stage = 0;  // staged: the buffer of the current row
+  // Staged: the statistics of the next iteration and of the one after,
+  // loaded as far ahead as the rows themselves.  One row ahead, their
+  // latency showed whenever a row took less time than a load (fp32 5120 at
+  // 10 warps an SM: v7d).
+  Stats st_next{}, st_ahead{};
+  Frag<T, VEC> xs[kStagedPipe && PIPE != BwdPipe::kStagedReread ? kRows : 1][NV];
+  Frag<T, VEC> dys[kStagedPipe && PIPE != BwdPipe::kStagedReread ? kRows : 1][NV];
+  int stage = 0;  // staged: the buffer of the current iteration
   if constexpr (PIPE == BwdPipe::kPrefetch) load_row(group * rpc + row_in_cta, next);
   if constexpr (kStagedPipe) {
 #pragma unroll
-    for (int s = 0; s < kBwdStages - 1; ++s) issue(group * rpc + s * step, s);
-    load_stats(group * rpc + row_in_cta, next);
-    RowIn ahead;
-    load_stats(group * rpc + step + row_in_cta, ahead);
-    mean2 = ahead.mean;
-    rstd2 = ahead.rstd;
+    for (int s = 0; s < kBwdStages - 1; ++s) issue(group * rpc + s * iter_step, s);
+    load_stats(group * rpc, st_next);
+    load_stats(group * rpc + iter_step, st_ahead);
   }
 
-  for (int64_t base = group * rpc; base < p.rows; base += step) {
-    const int64_t row = base + row_in_cta;
-    const bool live = row < p.rows;
+  for (int64_t base = group * rpc; base < p.rows; base += iter_step) {
+    A mean[kRows], rstd[kRows];
     if constexpr (PIPE == BwdPipe::kPrefetch) {
       cur = next;
       load_row(base + step + row_in_cta, next);
     } else if constexpr (kStagedPipe) {
-      issue(base + (kBwdStages - 1) * step, stage == 0 ? kBwdStages - 1 : stage - 1);  // the buffer read last
-      cp_async_wait<kBwdStages - 1>();  // this row's copies have landed
-      cur.mean = next.mean;
-      cur.rstd = next.rstd;
-      next.mean = mean2;
-      next.rstd = rstd2;
-      RowIn ahead;
-      load_stats(row + 2 * step, ahead);  // the statistics, two rows ahead
-      mean2 = ahead.mean;
-      rstd2 = ahead.rstd;
-      if constexpr (PIPE == BwdPipe::kStaged)
+      issue(base + (kBwdStages - 1) * iter_step, stage == 0 ? kBwdStages - 1 : stage - 1);  // the buffer read last
+      cp_async_wait<kBwdStages - 1>();  // this iteration's copies have landed
+      const Stats st = st_next;
+      st_next = st_ahead;
+      load_stats(base + 2 * iter_step, st_ahead);  // the statistics, two iterations ahead
 #pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          cur.x[i] = stages[stage_slot(stage, i, 0)];  // stale past the row: skipped below
-          cur.dy[i] = stages[stage_slot(stage, i, 1)];
-        }
+      for (int j = 0; j < kRows; ++j) {
+        mean[j] = st.mean[j];
+        rstd[j] = st.rstd[j];
+      }
+      if constexpr (PIPE != BwdPipe::kStagedReread)
+#pragma unroll
+        for (int j = 0; j < kRows; ++j)
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            xs[j][i] = stages[stage_slot(stage, j, i, 0)];  // stale past the row: skipped below
+            dys[j][i] = stages[stage_slot(stage, j, i, 1)];
+          }
     } else {
-      load_row(row, cur);
+      load_row(base + row_in_cta, cur);
     }
-    auto x = [&](int i) -> Frag<T, VEC> {
-      if constexpr (PIPE == BwdPipe::kStagedReread) return stages[stage_slot(stage, i, 0)];
+    if constexpr (!kStagedPipe) {
+      mean[0] = cur.mean;
+      rstd[0] = cur.rstd;
+    }
+    auto x = [&](int j, int i) -> Frag<T, VEC> {
+      if constexpr (PIPE == BwdPipe::kStagedReread) return stages[stage_slot(stage, j, i, 0)];
+      else if constexpr (kStagedPipe) return xs[j][i];
       else return cur.x[i];
     };
-    auto dy = [&](int i) -> Frag<T, VEC> {
-      if constexpr (PIPE == BwdPipe::kStagedReread) return stages[stage_slot(stage, i, 1)];
+    auto dy = [&](int j, int i) -> Frag<T, VEC> {
+      if constexpr (PIPE == BwdPipe::kStagedReread) return stages[stage_slot(stage, j, i, 1)];
+      else if constexpr (kStagedPipe) return dys[j][i];
       else return cur.dy[i];
     };
-    const A mean = cur.mean, rstd = cur.rstd;
-    A s[2] = {0, 0};  // sum(g * xhat), sum(g) with g = dy * w
+    A s[kSums] = {};  // per row j: sum(g * xhat), sum(g) with g = dy * w
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      if (kStagedPipe && (!live || col(i) >= n)) continue;  // stale buffer slots
-      const Frag<T, VEC> xi = x(i), dyi = dy(i);
-      A s0 = 0, s1 = 0;
+    for (int j = 0; j < kRows; ++j) {
+      const bool live = base + row_in_cta + j * step < p.rows;
 #pragma unroll
-      for (int j = 0; j < kSlots; ++j) {
-        Slot a{};
-        if (!kRegAcc && want_dw) a = acc[(i * kSlots + j) * cta + threadIdx.x];
+      for (int i = 0; i < NV; ++i) {
+        if (kStagedPipe && (!live || col(i) >= n)) continue;  // stale buffer slots
+        const Frag<T, VEC> xi = x(j, i), dyi = dy(j, i);
+        A s0 = 0, s1 = 0;
 #pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          const int k = j * kPer + e;
-          const A xh = (xi.get(k) - mean) * rstd, d = dyi.get(k), g = d * w[i].get(k);
-          if constexpr (kRegAcc) {
-            rw[i * VEC + k] += d * xh;
-            rb[i * VEC + k] += d;
-          } else {
-            a.dw[e] += d * xh;
-            a.db[e] += d;
+        for (int q = 0; q < kSlots; ++q) {
+          Slot a{};
+          if (!kRegAcc && want_dw) a = acc[(i * kSlots + q) * cta + threadIdx.x];
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) {
+            const int k = q * kPer + e;
+            const A xh = (xi.get(k) - mean[j]) * rstd[j], d = dyi.get(k), g = d * w[i].get(k);
+            if constexpr (kRegAcc) {
+              rw[i * VEC + k] += d * xh;
+              rb[i * VEC + k] += d;
+            } else {
+              a.dw[e] += d * xh;
+              a.db[e] += d;
+            }
+            s0 += g * xh;
+            s1 += g;
           }
-          s0 += g * xh;
-          s1 += g;
+          if (!kRegAcc && want_dw) acc[(i * kSlots + q) * cta + threadIdx.x] = a;
         }
-        if (!kRegAcc && want_dw) acc[(i * kSlots + j) * cta + threadIdx.x] = a;
+        s[2 * j] += s0;
+        s[2 * j + 1] += s1;
       }
-      s[0] += s0;
-      s[1] += s1;
     }
     if (p.dx != nullptr) {  // uniform: else no reduction is needed
       red.sum(s);
-      // dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-      //    = g * rstd - ((x - mean) * c1 + c0),  c1 = rstd^2 mean(g xhat), c0 = rstd mean(g)
-      const A c1 = s[0] * inv_n * rstd * rstd, c0 = p.rms ? A(0) : s[1] * inv_n * rstd;
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        if (!live || col(i) >= n) continue;
-        const Frag<T, VEC> xi = x(i), dyi = dy(i);
-        A dx[VEC];
+      for (int j = 0; j < kRows; ++j) {
+        const int64_t row = base + row_in_cta + j * step;
+        // dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+        //    = g * rstd - ((x - mean) * c1 + c0),  c1 = rstd^2 mean(g xhat), c0 = rstd mean(g)
+        const A r = rstd[j], c1 = s[2 * j] * inv_n * r * r, c0 = p.rms ? A(0) : s[2 * j + 1] * inv_n * r;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const A t0 = (xi.get(k) - mean) * c1 + c0;
-          dx[k] = dyi.get(k) * w[i].get(k) * rstd - t0;
+        for (int i = 0; i < NV; ++i) {
+          if (row >= p.rows || col(i) >= n) continue;
+          const Frag<T, VEC> xi = x(j, i), dyi = dy(j, i);
+          A dx[VEC];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const A t0 = (xi.get(k) - mean[j]) * c1 + c0;
+            dx[k] = dyi.get(k) * w[i].get(k) * r - t0;
+          }
+          store_vec<kStream>(static_cast<T*>(p.dx) + row * n + col(i), dx);
         }
-        store_vec<kStream>(static_cast<T*>(p.dx) + row * n + col(i), dx);
       }
     }
     if constexpr (kStagedPipe) stage = stage + 1 == kBwdStages ? 0 : stage + 1;

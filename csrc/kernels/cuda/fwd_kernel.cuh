@@ -77,7 +77,7 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 //
 // Statistics.  RMSNorm reduces sum(x^2).  LayerNorm, in most kernels,
 // reduces the sums of d = x - K and d^2 together, K the row's first
-// element (0 in the STAGE kernels): mean = K + sum(d) / n, var = sum(d^2) /
+// element (0 where the row comes through shared memory): mean = K + sum(d) / n, var = sum(d^2) /
 // n - (mean - K)^2.  The subtraction magnifies the rounding of sum(d^2) by
 // 1 + (mean - K)^2 / var, so a row whose (mean - K)^2 exceeds
 // kMaxShiftRatio * var (K an outlier), or whose var is not finite, takes a
@@ -118,6 +118,8 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   RowReducer<A, 1, 2, CLUSTER> red{smem, tpr, lay.csize, row_in_cta};
   constexpr bool kShifted =
       sizeof(W) <= sizeof(T) && sizeof(T) <= 4 && (X_SMEM || (VEC > 1 && NV * VEC * sizeof(T) <= 64));
+  // K = 0 where the row comes through shared memory (see below).
+  constexpr bool kZeroK = STAGE || X_SMEM;
   __shared__ ReduceSmem<A, 2> smem2;
   RowReducer<A, 2, 2, CLUSTER> red2{smem2, tpr, lay.csize, row_in_cta};
   red.init();
@@ -181,14 +183,15 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
         else xr[i].zero();
       }
     }
-    // LayerNorm's shift K, the row's first element, loaded with the row
-    // (after the wait, a shared-memory row paid a second memory latency).
-    // STAGE kernels shift by K = 0 instead: the load of x[0] was a global
-    // latency in every row and its register made the 16-bit kernels spill
-    // (v13c: LN bf16 65536 74.9 with it, 85.2 without); rows whose mean is
-    // far from 0 take the exact second pass.
+    // LayerNorm's shift K, the row's first element, loaded with the row.
+    // STAGE and X_SMEM kernels shift by K = 0 instead: the load of x[0] was
+    // a global latency in every row and its register made the 16-bit STAGE
+    // kernels spill (v13c: LN bf16 65536 74.9 with it, 85.2 without; v14a,
+    // X_SMEM: bf16 12288 87.8 -> 90.8, fp16 12288 88.8 -> 90.3, bf16 20480
+    // 82.5 -> 85.1); rows whose mean is far from 0 take the exact second
+    // pass.  The register kernels keep K = x[0] (K = 0 there: -1.1 to +0.2).
     A k0 = 0;
-    if (!STAGE && kShifted && !p.rms && live) k0 = to_acc(xrow[0]);
+    if (!kZeroK && kShifted && !p.rms && live) k0 = to_acc(xrow[0]);
     // STAGE: the next row's copies start once this thread's partial sums
     // hold every value read from its stage slots (the empty asm consumes
     // them), so that no copy overwrites a slot before it is read.

@@ -191,6 +191,8 @@ template <typename DT, typename DW>
 auto bwd_kernel_for(const Plan& pl, BwdVariant v) {
   constexpr int V = 16 / sizeof(DT);
   if (pl.vec == 1) return pick_bwd<DT, DW, 1, BwdPipe::kNone, 64>(pl.nv);
+  if constexpr (sizeof(DT) == 2)
+    if (v.pipe == BwdPipe::kStagedPair) return pick_bwd<DT, DW, V, BwdPipe::kStagedPair, 128>(pl.nv);
   if constexpr (sizeof(DT) <= 4) {
     if (v.pipe == BwdPipe::kStaged) return pick_bwd<DT, DW, V, BwdPipe::kStaged, 128>(pl.nv);
     if (v.pipe == BwdPipe::kStagedReread)
@@ -353,6 +355,17 @@ struct BwdShape {
 //   58 -> 49.
 // - One-CTA rows that no staged kernel fits prefetch after all; the rest
 //   (and the scalar path) take kNone.
+// - Before all of these, 16-bit rows of 16 elements a thread take
+//   kStagedPair, two rows a reduction, wherever it fits, except rows of one
+//   CTA whose prefetch pipe keeps more threads per SM (v14b, H200, % of copy
+//   bandwidth, LN bf16, from kStaged / kStagedReread / the prefetch pipe:
+//   12288 85.2 -> 89.5, 16384 85.6 -> 92.6, 32768 79.1 -> 85.3, 65536 77.3
+//   -> 83.9, 131072 69.7 -> 74.0, 6144 83.5 -> 94.7, 8192 88.3 -> 91.2; RMS
+//   +2.8 to +7.2; 5120, whose prefetch keeps two CTAs an SM: 94.6 -> 92.2).
+//   A reduction, and a cluster exchange, then carries 64 bytes of each
+//   thread's x rather than 32, as fp32's 16 elements do; 16-bit clusters of
+//   32 elements a thread instead (kStagedReread at 128 registers, its
+//   partials spilled) lost 13 to 26 points (v14a).
 template <typename DT, typename DW>
 BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev, size_t* dyn_smem) {
   using A = dacc_t<DT>;
@@ -372,6 +385,16 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
     }
   const int64_t pf_threads = per_sm(pf, part), plain = per_sm(BwdVariant{}, part);
   const bool stageable = sizeof(DT) <= 4 && pl.rows_per_cta == 1 && pl.nv * pl.vec == 16;
+  if (sizeof(DT) == 2 && stageable) {
+    const BwdVariant v{BwdPipe::kStagedPair, 128};
+    const size_t st = size_t(kBwdStages) * bwd_rows_per_sum(v.pipe) * pl.cta_threads * pl.nv * 32,
+                 smem = st > part ? st : part;
+    const int64_t t = per_sm(v, smem);
+    if (t > 0 && (pl.csize > 1 || pf_threads <= t)) {
+      *dyn_smem = smem;
+      return v;
+    }
+  }
   if (pf_threads > 0 && pl.csize == 1 && (!stageable || pf_threads * pl.nv * 32 >= kPrefetchMinInflight)) return pf;
   if (pf_threads > 0 && pl.csize > 1 && pf_threads >= plain) return pf;
   const BwdVariant fallback = pf_threads > 0 && pl.csize == 1 ? pf : BwdVariant{};
