@@ -68,6 +68,13 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   // not spill, lost 3.6 points with them (16384), and the other pipes 1-11.
   constexpr bool kStream = PIPE == BwdPipe::kNone && sizeof(T) == 2;
   static_assert(!kStagedPipe || VEC * sizeof(T) == 16, "cp.async stages move 16-byte accesses");
+  // 16-bit x: xhat = x * rstd - mean * rstd and (x - mean) * c1 + c0 = x *
+  // c1 + (c0 - mean * c1), one FMA an element each (the forward's xhat,
+  // v7b).  Rounding the row's constants costs about 2^-24 |mean| / std
+  // of xhat, and a 16-bit x whose |mean| / std passes 2^11 has barely two
+  // values a row.  fp32 x keeps the subtraction: an offset of 1e4 is exact
+  // there (test_layer_norm_data_offset_by_1e4).
+  constexpr bool kFold = sizeof(T) == 2;
   __shared__ ReduceSmem<A, kSums, 4> smem;
   // (dweight, dbias) partials, [NV * kSlots][CTA threads]: each thread owns
   // its slots (no barrier until the merge) and a warp's accesses are
@@ -231,6 +238,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       const bool live = base + row_in_cta + j * step < p.rows;
+      const A shift = -mean[j] * rstd[j];
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         if (kStagedPipe && (!live || col(i) >= n)) continue;  // stale buffer slots
@@ -243,7 +251,8 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
 #pragma unroll
           for (int e = 0; e < kPer; ++e) {
             const int k = q * kPer + e;
-            const A xh = (xi.get(k) - mean[j]) * rstd[j], d = dyi.get(k), g = d * w[i].get(k);
+            const A xh = kFold ? xi.get(k) * rstd[j] + shift : (xi.get(k) - mean[j]) * rstd[j];
+            const A d = dyi.get(k), g = d * w[i].get(k);
             if constexpr (kRegAcc) {
               rw[i * VEC + k] += d * xh;
               rb[i * VEC + k] += d;
@@ -268,6 +277,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
         // dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
         //    = g * rstd - ((x - mean) * c1 + c0),  c1 = rstd^2 mean(g xhat), c0 = rstd mean(g)
         const A r = rstd[j], c1 = s[2 * j] * inv_n * r * r, c0 = p.rms ? A(0) : s[2 * j + 1] * inv_n * r;
+        const A c0x = c0 - mean[j] * c1;
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           if (row >= p.rows || col(i) >= n) continue;
@@ -275,7 +285,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
           A dx[VEC];
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            const A t0 = (xi.get(k) - mean[j]) * c1 + c0;
+            const A t0 = kFold ? xi.get(k) * c1 + c0x : (xi.get(k) - mean[j]) * c1 + c0;
             dx[k] = dyi.get(k) * w[i].get(k) * r - t0;
           }
           store_vec<kStream>(static_cast<T*>(p.dx) + row * n + col(i), dx);
