@@ -130,15 +130,22 @@ TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {
   EXPECT_EQ(a.csize, 1);
   EXPECT_EQ(a.cta_threads, 192);
   EXPECT_EQ(a.nv, 8);
-  // bf16 24576 (48 KB): one CTA, where registers keep 48 KB in flight.
+  // bf16 24576 (48 KB) and 49152 (96 KB): register clusters that stage the
+  // next row keep twice their registers' 48 KB in flight, so they stay.
   const Plan b = make_plan(1 << 12, 24576, 2, 4, true, false, dev, 2);
-  EXPECT_TRUE(b.x_smem);
-  EXPECT_EQ(b.csize, 1);
+  EXPECT_FALSE(b.x_smem);
+  EXPECT_TRUE(b.stage_x);
+  EXPECT_EQ(b.csize, 2);
   EXPECT_EQ(b.cta_threads, 384);
-  // bf16 49152 (96 KB): a 2-CTA cluster, where registers keep 48 KB in flight.
   const Plan d = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 2);
-  EXPECT_TRUE(d.x_smem);
-  EXPECT_EQ(d.csize, 2);
+  EXPECT_FALSE(d.x_smem);
+  EXPECT_TRUE(d.stage_x);
+  EXPECT_EQ(d.csize, 4);
+  // Without weight and bias there is no cache to stage beside: 49152 in
+  // shared memory, a 2-CTA cluster.
+  const Plan d0 = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 0, 0);
+  EXPECT_TRUE(d0.x_smem);
+  EXPECT_EQ(d0.csize, 2);
   // Rows of 32-64 KB whose weight (and bias) come to at most the row's bytes
   // take one CTA: RMSNorm's bf16 32768 and fp32 16384, LayerNorm's without
   // weight and bias.
@@ -176,10 +183,16 @@ TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {
 TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   DeviceInfo dev;
   dev.cc_major = 9;
-  // fp32 12288: 128 bytes a thread, one CTA of 384 threads instead of a 2-CTA cluster.
+  // fp32 12288: 64 bytes a thread in a 2-CTA cluster of 384 threads that
+  // stages the next row, rather than one CTA of 128-byte threads; without
+  // weights (no cache, no stage) the one CTA.
   const Plan f = register_plan(1 << 14, 12288, 4, 4, true, false, dev, 4);
-  EXPECT_EQ(f.csize, 1);
+  EXPECT_EQ(f.csize, 2);
   EXPECT_EQ(f.tpr, 384);
+  EXPECT_TRUE(f.stage_x);
+  const Plan f0 = register_plan(1 << 14, 12288, 4, 4, true, false, dev, 0);
+  EXPECT_EQ(f0.csize, 1);
+  EXPECT_EQ(f0.tpr, 384);
   // bf16 65536: 64 bytes a thread, a 4-CTA cluster with the weight cache.
   const Plan h = make_plan(1 << 11, 65536, 2, 4, true, false, dev, 2);
   EXPECT_EQ(h.csize, 4);
@@ -192,12 +205,13 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   EXPECT_EQ(g.csize, 4);
   EXPECT_EQ(g.nv * g.vec * 4, 64);
   EXPECT_TRUE(g.cache_wb);
-  // ... but 128 bytes where the cache still fits (20480: 2 CTAs of 320) or
-  // where no weight is read.
+  // ... and 64 bytes where the 128-byte cluster's cache leaves no room for
+  // the next row (20480: 2 CTAs of 320 with 80 KB of cache; 64 bytes: 4
+  // CTAs that stage), but 128 bytes where no weight is read.
   const Plan k = make_plan(1 << 12, 20480, 4, 4, true, false, dev, 4);
-  EXPECT_EQ(k.csize, 2);
-  EXPECT_TRUE(k.cache_wb);
-  EXPECT_FALSE(k.stage_x);  // 80 KB of cache leave no room for the next row
+  EXPECT_EQ(k.csize, 4);
+  EXPECT_EQ(k.nv * k.vec * 4, 64);
+  EXPECT_TRUE(k.stage_x);
   EXPECT_EQ(make_plan(1 << 12, 32768, 4, 4, true, false, dev, 0, 0).csize, 2);
 }
 

@@ -211,11 +211,11 @@ def test_layer_norm_data_offset_by_1e4(rows, hidden, device, seed):
 # in one reduction, and rows whose K lies far from the mean take an exact
 # second pass (fwd_kernel.cuh, kMaxShiftRatio).  Rows whose first element
 # sits 0.1 to 1e4 standard deviations from the rest cover both sides of that
-# switch.  Hidden sizes on sm_90, bf16 (fp32): rows of a few lanes (128),
-# of two warps in a CTA of two rows (2048), the scalar path (1001), one CTA
-# (7168), a CTA with the row in shared memory (32768), a shared-memory
-# cluster (49152; fp32 the two-pass kernels) and a register cluster with the
-# weight cache (65536).  mean and rstd must be as accurate as a two-pass
+# switch (the kernels that shift by K = 0 instead see their own test in
+# test_cuda_only.py).  Hidden sizes on sm_90, bf16 (fp32): rows of a few
+# lanes (128), of two warps in a CTA of two rows (2048), the scalar path
+# (1001), one CTA (7168), the 32768 and 49152 register clusters that stage
+# the next row, and 65536.  mean and rstd must be as accurate as a two-pass
 # computation, whatever the row's conditioning.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [128, 1001, 2048, 7168, 32768, 49152, 65536])

@@ -123,8 +123,8 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
 @pytest.mark.parametrize("offset", [2.0, 8.0])
 def test_layer_norm_shared_memory_rows_off_zero(dtype, hidden, offset, seed):
     """The forward kernels that take the row through shared memory shift
-    their sums by K = 0 (16-bit 12288 and 20480, fp32 6144: the row kept in
-    shared memory; 32768 and 65536: clusters that stage the next row): rows
+    their sums by K = 0 (16-bit 12288 and fp32 6144: the row kept in shared
+    memory; 20480 and up, fp32 from 12288: clusters that stage the next row): rows
     of mean 2 and std 1 keep the one-pass statistics, rows of mean 8 (mean^2
     > 8 var) take the exact second pass; both must match."""
     check(make_inputs("ln", (4096 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),

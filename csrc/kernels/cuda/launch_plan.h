@@ -37,8 +37,11 @@ struct Plan {
 // faster in registers once v7c cut the register kernel's instructions (v8b:
 // bf16 6144 83 -> 86, 7168 81 -> 83, fp32 3072 89 -> 97; RMS bf16 6144 88 ->
 // 95), 24 KB rows did not (bf16 12288 79 -> 74), so the threshold is 16 KB.
-// Rows longer than one_cta_min_row that fit one slice take one CTA whatever
-// the register plan (v5g), unless clusters exist (sm_90) and the row's
+// A register cluster that stages the next row counts it in flight too
+// (register_inflight), so bf16 24576 and 49152 stay staged clusters (v14d,
+// H200, % of copy bandwidth, LN: 79.5 -> 85.7, 64.6 -> 86.8; 20480 85.8 ->
+// 84.7).  Rows longer than one_cta_min_row that fit one slice take one CTA
+// whatever the register plan (v5g), unless clusters exist (sm_90) and the row's
 // weight and bias come to more bytes than the row: the one CTA reads them
 // from L1/L2 for every row, and the register plan (a cluster with the
 // weight cache for bf16 32768, one 512-thread CTA for fp32 16384) measured
@@ -127,11 +130,12 @@ inline Plan x_smem_plan(int64_t rows, int64_t cols, int elem_bytes, const Device
 }
 
 // Bytes of rows a register plan keeps in flight per SM, if registers are what
-// bounds it: 64 registers a thread (the kernels' launch bounds) of 64K.
+// bounds it: 64 registers a thread (the kernels' launch bounds) of 64K; a
+// plan that stages the next row (Plan::stage_x) holds two rows.
 inline int64_t register_inflight(const Plan& p, int64_t cols, int elem_bytes) {
   int64_t ctas = 65536 / (64 * int64_t(p.cta_threads));
   if (ctas > 32) ctas = 32;
-  return ctas * p.rows_per_cta * (cols * elem_bytes / p.csize);
+  return ctas * p.rows_per_cta * (cols * elem_bytes / p.csize) * (p.stage_x ? 2 : 1);
 }
 
 // The register-kernel layout of a row of `nvec` accesses of `vec` elements,
@@ -197,12 +201,16 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
 //   16384 89.9 -> 95.3, 20480 86.9 -> 97.1, 32768 87.0 -> 92.8, 65536 80.5
 //   -> 95.6, 131072 55.7 (split path) -> 90.0; 12288 and 24576 lose 0.2-1.7
 //   from 97); v6d had measured them behind, with a cluster barrier a row.
-// - forward: 4- and 8-byte rows, unless the wider thread's cluster loses the
+// - forward: 4- and 8-byte rows, unless the narrower thread's cluster stages
+//   the next row (Plan::stage_x), or the wider thread's cluster loses the
 //   weight cache that the narrower one keeps: the 128-byte threads' cache
 //   takes 128 KB at 512 threads (v13b, H200, fp32 LN 32768 74.9 -> 86.8,
-//   65536 71.3 -> 85.6, 131072 67.7 -> 81.0; RMS +3.3 to +6.9).  Halving or
-//   removing a cluster otherwise gains (12288 54 -> 76% before v12a; v13b:
-//   LN 12288 one CTA 87.4 against 86.3 in two, 20480 74.4 against 71.9).
+//   65536 71.3 -> 85.6, 131072 67.7 -> 81.0; RMS +3.3 to +6.9).  The staged
+//   cluster beat the one-CTA 128-byte threads (v14d, LN fp32 12288 87.7 ->
+//   89.8, 16384 87.8 -> 90.1) and the wide cluster that could not stage
+//   (20480 74.1 -> 89.0, 24576 80.5 -> 90.7); before staging, halving or
+//   removing a cluster had gained (v13b: LN 12288 one CTA 87.4 against 86.3
+//   in two, 20480 74.4 against 71.9).
 inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
                           const DeviceInfo& dev, int w_bytes) {
   const int vec = vec_ok ? 16 / elem_bytes : 1;
@@ -212,7 +220,7 @@ inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_by
   if (wide == narrow || (nvec + narrow - 1) / narrow <= kMaxCta) return n;
   const Plan w = register_layout(rows, nvec, vec, wide, bwd, dev, w_bytes);
   if (bwd) return w;
-  return w.csize > 1 && !w.cache_wb && n.cache_wb ? n : w;
+  return n.stage_x || (w.csize > 1 && !w.cache_wb && n.cache_wb) ? n : w;
 }
 
 // vec_ok: every pointer and row stride allows accesses of 16 bytes and cols is
