@@ -272,13 +272,16 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 }
 
 // Waits until the mbarrier's phase of parity `phase` has completed; what the
-// stores that completed it wrote is then visible to this thread.
+// stores that completed it wrote is then visible to this thread.  The
+// mbarrier and the data are this CTA's shared memory, so the acquire is at
+// CTA scope (as for copies other CTAs' TMA multicasts into it): at cluster
+// scope the wait also invalidated L1 (CCTL.IVALL) at every reduction.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t done = 0;
   while (!done)
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         " selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(phase)
