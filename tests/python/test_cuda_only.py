@@ -54,6 +54,19 @@ def test_sanitize_small_sizes(kind, dtype, hidden, seed):
     check(make_inputs(kind, (5, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
+@pytest.mark.sanitize
+@kinds
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [6144, 12288])
+def test_sanitize_staged_rows(kind, dtype, hidden, seed):
+    """Aligned rows through the cp.async paths, fwd + bwd: bf16 6144 and
+    12288 take the backward's two-row pipe (one CTA; a 2-CTA cluster), fp32
+    12288 a forward cluster that stages the next row and a staged backward
+    cluster, fp32 6144 the forward's shared-memory row.  301 rows give the
+    persistent CTAs several iterations and leave half of a last pair."""
+    check(make_inputs(kind, (301, hidden), (hidden,), dtype, "cuda", generator(seed)))
+
+
 # --- misaligned pointers ----------------------------------------------------------
 
 def _misaligned(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -88,8 +101,9 @@ def test_misaligned_pointers(kind, dtype, hidden, layout, seed):
 
 # --- hidden-size and row-count sweeps -------------------------------------------
 
-# 6144-49152 include rows held in shared memory (fp32 6144, bf16 12288, and
-# 24576 / 49152 in clusters).
+# 6144-49152 include rows held in shared memory (fp32 6144, bf16 12288) and
+# register clusters that stage the next row (bf16 24576 and 49152, fp32 from
+# 12288).
 SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 1000, 1023, 1024, 1025, 4096, 5120, 6144, 7168, 8191, 12288,
                 14336, 16384, 24576, 32768, 49152, 65536, 65537, 131072, 262144]
 
