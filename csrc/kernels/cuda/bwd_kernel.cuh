@@ -201,7 +201,8 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
       cur = next;
       load_row(base + step + row_in_cta, next);
     } else if constexpr (kStagedPipe) {
-      issue(base + (kBwdStages - 1) * iter_step, stage == 0 ? kBwdStages - 1 : stage - 1);  // the buffer read last
+      // Into the buffer read last.
+      issue(base + (kBwdStages - 1) * iter_step, stage == 0 ? kBwdStages - 1 : stage - 1);
       cp_async_wait<kBwdStages - 1>();  // this iteration's copies have landed
       const Stats st = st_next;
       st_next = st_ahead;

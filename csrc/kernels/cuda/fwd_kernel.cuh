@@ -77,16 +77,16 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 //
 // Statistics.  RMSNorm reduces sum(x^2).  LayerNorm, in most kernels,
 // reduces the sums of d = x - K and d^2 together, K the row's first
-// element (0 where the row comes through shared memory): mean = K + sum(d) / n, var = sum(d^2) /
-// n - (mean - K)^2.  The subtraction magnifies the rounding of sum(d^2) by
-// 1 + (mean - K)^2 / var, so a row whose (mean - K)^2 exceeds
-// kMaxShiftRatio * var (K an outlier), or whose var is not finite, takes a
-// second pass, sum((x - mean)^2) over the registers, as the excluded
-// kernels always do: the scalar kernels, the 128-byte fp32 threads, and
-// weights wider than x or x wider than 4 bytes (these spill with both
-// paths: fp32 32768 lost 7 points, bf16 x with fp32 weights 1-4).  One
-// reduction instead of two: H200, bf16 5120 87 -> 90, 16384 83 -> 88, fp32
-// 5120 88 -> 93% of copy bandwidth (docs/performance.md v8d).
+// element (0 where the row comes through shared memory): mean = K +
+// sum(d) / n, var = sum(d^2) / n - (mean - K)^2.  The subtraction magnifies
+// the rounding of sum(d^2) by 1 + (mean - K)^2 / var, so a row whose (mean -
+// K)^2 exceeds kMaxShiftRatio * var (K an outlier), or whose var is not
+// finite, takes a second pass, sum((x - mean)^2) over the registers, as
+// the excluded kernels always do: the scalar kernels, the 128-byte fp32
+// threads, and weights wider than x or x wider than 4 bytes (these spill
+// with both paths: fp32 32768 lost 7 points, bf16 x with fp32 weights
+// 1-4).  One reduction instead of two: H200, bf16 5120 87 -> 90, 16384 83 ->
+// 88, fp32 5120 88 -> 93% of copy bandwidth (docs/performance.md v8d).
 constexpr float kMaxShiftRatio = 8;
 
 // inv_n is 1 / cols, rounded once on the host.  The statistics multiply by
