@@ -48,7 +48,7 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     EXPECT_EQ(p.groups, 1000);
     // Only where registers would keep too little in flight, or the row fits
     // one CTA and (with clusters) its weight and bias come to at most its bytes.
-    const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes);
+    const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays);
     const bool one_cta = cols * elem > xs.one_cta_min_row && cols * elem <= xs.slice_bytes &&
                          (cc < 9 || w_arrays <= 1);
     if (one_cta)
@@ -66,18 +66,19 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
   EXPECT_LE(p.nv * p.vec * elem, bwd ? (elem == 4 ? 64 : 32) : 128);
   // The forward's 128-byte threads never cost a cluster its weight cache.
   if (!bwd && p.vec > 1 && p.csize > 1 && w_arrays > 0 && !p.cache_wb)
-    EXPECT_FALSE(register_layout(1000, cols / p.vec, p.vec, max_accesses(false, p.vec, elem), false, dev, w_bytes)
+    EXPECT_FALSE(register_layout(1000, cols / p.vec, p.vec, max_accesses(false, p.vec, elem), false, dev, w_bytes, w_arrays)
                      .cache_wb);
   if (bwd && p.nv * p.vec * elem > 32) EXPECT_GT(cols, int64_t(kMaxCta) * max_accesses(bwd, p.vec, elem) * p.vec);
   if (p.cache_wb) {  // forward clusters of 16-byte accesses, two CTAs per SM
     EXPECT_FALSE(bwd);
     EXPECT_GT(p.csize, 1);
     EXPECT_GT(p.vec, 1);
-    EXPECT_LE(wb_cache_smem(p.cta_threads, p.nv, p.vec, elem), kWbCacheMax);
+    EXPECT_LE(wb_cache_smem(p.cta_threads, p.nv, p.vec, elem, w_arrays), kWbCacheMax);
   }
   if (p.stage_x) {  // the next row beside the weight cache, at most 64 bytes a thread (pick_fwd)
     EXPECT_TRUE(p.cache_wb);
-    EXPECT_LE(wb_cache_smem(p.cta_threads, p.nv, p.vec, elem) + x_smem_bytes(p.cta_threads, p.nv), kWbCacheMax);
+    EXPECT_LE(wb_cache_smem(p.cta_threads, p.nv, p.vec, elem, w_arrays) + x_smem_bytes(p.cta_threads, p.nv),
+              kWbCacheMax);
     EXPECT_LE(p.nv, max_accesses(false, p.vec, elem));
   }
   if (p.tpr <= 32) EXPECT_EQ(p.tpr & (p.tpr - 1), 0);                 // lanes of a warp: power of two
@@ -213,6 +214,21 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   EXPECT_EQ(k.nv * k.vec * 4, 64);
   EXPECT_TRUE(k.stage_x);
   EXPECT_EQ(make_plan(1 << 12, 32768, 4, 4, true, false, dev, 0, 0).csize, 2);
+  // The cache holds only the arrays the launch reads (v15b).  RMSNorm fp32
+  // 262144: 16-CTA clusters of 128-byte threads keep the weight (64 KB),
+  // where LayerNorm's weight and bias (128 KB) do not fit.
+  const Plan r1 = make_plan(512, 262144, 4, 4, true, false, dev, 4, 1);
+  EXPECT_EQ(r1.csize, 16);
+  EXPECT_EQ(r1.nv * r1.vec * 4, 128);
+  EXPECT_TRUE(r1.cache_wb);
+  EXPECT_FALSE(r1.stage_x);  // the 128-byte threads have no staged kernel
+  EXPECT_FALSE(make_plan(512, 262144, 4, 4, true, false, dev, 4, 2).cache_wb);
+  // bf16 x with an fp32 weight, 24576: a 2-CTA cluster that caches the
+  // weight and stages the next row, not a one-CTA shared-memory row.
+  const Plan r2 = make_plan(1 << 12, 24576, 2, 4, true, false, dev, 4, 1);
+  EXPECT_EQ(r2.csize, 2);
+  EXPECT_TRUE(r2.stage_x);
+  EXPECT_TRUE(make_plan(1 << 12, 24576, 2, 4, true, false, dev, 4, 2).x_smem);
 }
 
 TEST(LaunchPlan, BackwardElementsPerThread) {

@@ -132,6 +132,18 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
+@kinds
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [24576, 65536])
+def test_long_rows_float32_params(kind, dtype, hidden, seed):
+    """16-bit rows with float32 weight (and bias) over many rows a cluster:
+    RMSNorm's clusters cache the weight alone (its cache is sized by the
+    arrays it holds) and stage the next row beside it; LayerNorm's weight and
+    bias take a row in shared memory (24576) or a cluster without the cache."""
+    check(make_inputs(kind, (8 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),
+                      param_dtype=torch.float32))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [6144, 12288, 20480, 32768, 65536])
 @pytest.mark.parametrize("offset", [2.0, 8.0])

@@ -51,13 +51,14 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // CACHE_WB (persistent grids): each thread copies its slice of weight and
 // bias into shared memory once, [access][thread], and reads it back for every
 // row, instead of re-reading it from L2 (long rows do not stay in L1).  Takes
-// 2 * NV * blockDim.x * VEC * sizeof(W) bytes of dynamic shared memory.
+// NV * blockDim.x * VEC * sizeof(W) bytes of dynamic shared memory for each
+// of the two that the launch reads, the bias's after the weight's.
 //
 // STAGE (with CACHE_WB, 16-byte accesses): each thread also copies its
 // slice of the next row into shared memory (cp.async, another NV *
-// blockDim.x * 16 bytes, its own slots) as soon as it has summed the current
-// one, and reads it back into registers when that row's turn comes: the
-// copy overlaps the cluster's reduction and the write of y.
+// blockDim.x * 16 bytes, its own slots after the cache) as soon as it has
+// summed the current one, and reads it back into registers when that row's
+// turn comes: the copy overlaps the cluster's reduction and the write of y.
 //
 // X_SMEM (16-byte accesses, one row per CTA, no CACHE_WB): the row is kept
 // in shared memory instead of registers, in the same [access][thread] slots,
@@ -135,9 +136,9 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   auto xs_slot = [&](int i) { return xs_base + uint32_t(i) * blockDim.x * 16; };
   Frag<T, VEC>* xs = reinterpret_cast<Frag<T, VEC>*>(dyn_smem) + threadIdx.x;
   Frag<W, VEC>* wcache = reinterpret_cast<Frag<W, VEC>*>(dyn_smem);
-  Frag<W, VEC>* bcache = wcache + NV * blockDim.x;
-  // STAGE: the next row's slots, [access][thread], after the weight cache.
-  const uint32_t stage_base = STAGE ? smem_addr(bcache + NV * blockDim.x) + threadIdx.x * 16 : 0;
+  Frag<W, VEC>* bcache = wcache + (wg ? NV * blockDim.x : 0);
+  // STAGE: the next row's slots, [access][thread], after the cache.
+  const uint32_t stage_base = STAGE ? smem_addr(bcache + (bg ? NV * blockDim.x : 0)) + threadIdx.x * 16 : 0;
   auto stage_slot = [&](int i) { return stage_base + uint32_t(i) * blockDim.x * 16; };
   const int64_t row_step = ngroups * rpc;
   // STAGE: start the copies of `row` into the stage slots, to be waited for

@@ -250,13 +250,14 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   using A = dacc_t<DT>;
   if (p.rows == 0) return cudaSuccess;
   const Plan pl = fwd_plan<T, W>(p, dev);
+  const int w_arrays = (p.w ? 1 : 0) + (p.b ? 1 : 0);
   if (use_register_kernel(pl, false)) {
     auto kernel = fwd_kernel_for<DT, DW>(pl);
     // Register clusters run a persistent grid (each walks many rows); plain
     // CTAs and rows in shared memory one CTA (or cluster) per row group
     // (persistent plain grids lost on H200, twice: v3a, v4h).
     const size_t smem = pl.x_smem     ? size_t(x_smem_bytes(pl.cta_threads, pl.nv))
-                        : pl.cache_wb ? size_t(wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW)) +
+                        : pl.cache_wb ? size_t(wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW), w_arrays) +
                                                (pl.stage_x ? x_smem_bytes(pl.cta_threads, pl.nv) : 0))
                                       : 0;
     int64_t groups = pl.groups < INT32_MAX / pl.csize ? pl.groups : INT32_MAX / pl.csize;

@@ -60,10 +60,11 @@ constexpr int kXSmemMaxNv = 32;
 inline int64_t x_smem_bytes(int cta_threads, int nv) { return int64_t(cta_threads) * nv * 16; }
 
 // Shared memory of the forward's weight and bias cache (Plan::cache_wb);
-// w_bytes is the weight's element size, 0 without weight and bias.  With
-// Plan::stage_x, x_smem_bytes(cta_threads, nv) more hold the next row.
-constexpr int64_t wb_cache_smem(int cta_threads, int nv, int vec, int w_bytes) {
-  return 2 * int64_t(cta_threads) * nv * vec * w_bytes;
+// w_bytes is the weight's element size, 0 without weight and bias, and
+// w_arrays how many of the two the forward reads.  With Plan::stage_x,
+// x_smem_bytes(cta_threads, nv) more hold the next row.
+constexpr int64_t wb_cache_smem(int cta_threads, int nv, int vec, int w_bytes, int w_arrays) {
+  return w_arrays * int64_t(cta_threads) * nv * vec * w_bytes;
 }
 
 // Accesses of `vec` elements a thread may hold per row.  Forward: 64 bytes of
@@ -142,7 +143,7 @@ inline int64_t register_inflight(const Plan& p, int64_t cols, int elem_bytes) {
 // at most nv_max a thread; registers == false where no CTA or cluster can
 // hold it (the split path).
 inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, bool bwd, const DeviceInfo& dev,
-                            int w_bytes) {
+                            int w_bytes, int w_arrays) {
   Plan p;
   p.vec = vec;
   // Give each thread nv_max accesses (several 16-byte loads in flight) and
@@ -179,17 +180,20 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
   // Forward clusters run a persistent grid, each CTA on the same columns of
   // many rows: its weight and bias slices are read once into shared memory
   // rather than from L2 for every row (H200, bf16 65536: 51 -> 55%, RMS 56 -> 67%).
-  p.cache_wb = !bwd && p.csize > 1 && p.vec > 1 && w_bytes > 0 &&
-               wb_cache_smem(p.cta_threads, p.nv, p.vec, w_bytes) <= kWbCacheMax;
+  // The cache holds only the arrays the launch reads (v15b, RMSNorm, % of
+  // copy bandwidth: fp32 262144 71.2 -> 83.0; bf16 x with an fp32 weight
+  // 24576 75.7 -> 83.3, 131072 74.2 -> 82.5).
+  const int64_t cache = wb_cache_smem(p.cta_threads, p.nv, p.vec, w_bytes, w_arrays);
+  p.cache_wb = !bwd && p.csize > 1 && p.vec > 1 && w_bytes > 0 && w_arrays > 0 && cache <= kWbCacheMax;
   // And, where it still fits beside the cache, the next row's slice is
   // copied into shared memory (cp.async) while the current one is reduced
   // and written (v13c, H200, % of copy bandwidth: LN bf16 32768 83.6 ->
   // 86.8, 65536 78.1 -> 85.2, 131072 76.5 -> 86.5; RMS bf16 65536 84.3 ->
   // 87.2; LN fp32 131072 81.3 -> 88.5).  Where it does not (fp32 24576: two
   // CTAs of 384 threads, 96 KB of cache), the narrower layout it would force
-  // lost 6 points.
-  p.stage_x = p.cache_wb && wb_cache_smem(p.cta_threads, p.nv, p.vec, w_bytes) +
-                                    x_smem_bytes(p.cta_threads, p.nv) <= kWbCacheMax;
+  // lost 6 points.  A second staged row beside RMSNorm's weight-only cache
+  // lost 0.4-2.1 points (v15a).
+  p.stage_x = p.cache_wb && cache + x_smem_bytes(p.cta_threads, p.nv) <= kWbCacheMax;
   return p;
 }
 
@@ -212,13 +216,14 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
 //   removing a cluster had gained (v13b: LN 12288 one CTA 87.4 against 86.3
 //   in two, 20480 74.4 against 71.9).
 inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
-                          const DeviceInfo& dev, int w_bytes) {
+                          const DeviceInfo& dev, int w_bytes, int w_arrays = 2) {
   const int vec = vec_ok ? 16 / elem_bytes : 1;
   const int64_t nvec = (cols + vec - 1) / vec;
   const int narrow = max_accesses(bwd, vec, elem_bytes), wide = max_accesses(bwd, vec, elem_bytes, true);
-  const Plan n = register_layout(rows, nvec, vec, narrow, bwd, dev, w_bytes);
+  const Plan n = register_layout(rows, nvec, vec, narrow, bwd, dev, w_bytes, w_arrays);
   if (wide == narrow || (nvec + narrow - 1) / narrow <= kMaxCta) return n;
-  const Plan w = register_layout(rows, nvec, vec, wide, bwd, dev, w_bytes);
+  Plan w = register_layout(rows, nvec, vec, wide, bwd, dev, w_bytes, w_arrays);
+  w.stage_x = false;  // staged rows have the narrow threads' kernels only (pick_fwd)
   if (bwd) return w;
   return n.stage_x || (w.csize > 1 && !w.cache_wb && n.cache_wb) ? n : w;
 }
@@ -230,7 +235,7 @@ inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_by
 inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
                       const DeviceInfo& dev, int w_bytes = 0, int w_arrays = 2,
                       const XSmemTuning& xs = XSmemTuning{}) {
-  const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes);
+  const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes, w_arrays);
   const int64_t row_bytes = cols * elem_bytes;
   if (bwd || !vec_ok || !r.registers || row_bytes < xs.min_row_bytes) return r;
   const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes &&
