@@ -10,7 +10,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6}
 
 # GPU: every case holds 2**27 elements (256 MiB of bf16), rows = numel // hidden.
-HIDDEN = (256, 512, 768, 1024, 2048, 4096, 5120, 7168, 8192, 12288, 16384, 32768, 65536, 131072)
+HIDDEN = (256, 512, 768, 1024, 2048, 4096, 5120, 7168, 8192, 12288, 16384, 32768, 65536, 131072, 262144)
 QUICK_HIDDEN = (1024, 4096, 8192, 65536)
 GPU_DTYPES = ("bf16", "fp16", "fp32")
 QUICK_DTYPES = ("bf16", "fp32")
