@@ -67,6 +67,16 @@ def test_sanitize_staged_rows(kind, dtype, hidden, seed):
     check(make_inputs(kind, (301, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
+@pytest.mark.sanitize
+@kinds
+def test_sanitize_weight_only_cache(kind, seed):
+    """bf16 rows of 24576 with fp32 params: RMSNorm's 2-CTA clusters cache
+    the weight alone and stage the next row right after it (LayerNorm takes
+    a shared-memory row).  301 rows give each cluster several."""
+    check(make_inputs(kind, (301, 24576), (24576,), torch.bfloat16, "cuda", generator(seed),
+                      param_dtype=torch.float32))
+
+
 # --- misaligned pointers ----------------------------------------------------------
 
 def _misaligned(t: torch.Tensor, layout: str) -> torch.Tensor:
