@@ -154,6 +154,17 @@ def test_long_rows_float32_params(kind, dtype, hidden, seed):
                       param_dtype=torch.float32))
 
 
+@pytest.mark.parametrize("weight,bias", [(True, False), (False, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [32768, 65536])
+def test_layer_norm_one_affine_array_long_rows(weight, bias, dtype, hidden, seed):
+    """LayerNorm with the weight or the bias alone in the forward's cluster
+    cache, which holds just that array (the bias at the cache's start when
+    there is no weight) and stages the next row after it."""
+    check(make_inputs("ln", (8 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),
+                      weight=weight, bias=bias))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [6144, 12288, 20480, 32768, 65536])
 @pytest.mark.parametrize("offset", [2.0, 8.0])
