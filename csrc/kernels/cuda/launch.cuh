@@ -386,10 +386,13 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
     }
   const int64_t pf_threads = per_sm(pf, part), plain = per_sm(BwdVariant{}, part);
   const bool stageable = sizeof(DT) <= 4 && pl.rows_per_cta == 1 && pl.nv * pl.vec == 16;
+  auto staged_smem = [&](BwdPipe pipe) {  // stage buffers, which the partials reuse
+    const size_t st = size_t(bwd_stage_smem(kBwdStages, bwd_rows_per_sum(pipe), pl.cta_threads, pl.nv));
+    return st > part ? st : part;
+  };
   if (sizeof(DT) == 2 && stageable) {
     const BwdVariant v{BwdPipe::kStagedPair, 128};
-    const size_t st = size_t(kBwdStages) * bwd_rows_per_sum(v.pipe) * pl.cta_threads * pl.nv * 32,
-                 smem = st > part ? st : part;
+    const size_t smem = staged_smem(v.pipe);
     const int64_t t = per_sm(v, smem);
     if (t > 0 && (pl.csize > 1 || pf_threads <= t)) {
       *dyn_smem = smem;
@@ -400,8 +403,7 @@ BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev
   if (pf_threads > 0 && pl.csize > 1 && pf_threads >= plain) return pf;
   const BwdVariant fallback = pf_threads > 0 && pl.csize == 1 ? pf : BwdVariant{};
   if (!stageable) return fallback;
-  // Stage buffers: kBwdStages rows of x and dy; the partials reuse them.
-  const size_t st = size_t(kBwdStages) * pl.cta_threads * pl.nv * 32, smem = st > part ? st : part;
+  const size_t smem = staged_smem(BwdPipe::kStaged);  // one row an iteration, as kStagedReread
   const BwdVariant cand[] = {{BwdPipe::kStaged, 128}, {BwdPipe::kStagedReread, 96}, {BwdPipe::kStagedReread, 80}};
   int64_t best = per_sm(cand[0], smem);
   int pick = 0;

@@ -93,6 +93,13 @@ constexpr int64_t bwd_partials_smem(int cta_threads, int nv, int vec, int acc_by
   return int64_t(cta_threads) * nv * vec * 2 * acc_bytes;
 }
 
+// Shared memory of the backward's staged pipes: kBwdStages (bwd_kernel.cuh)
+// iterations of `rows` rows of x and dy, 16-byte accesses; the partials
+// reuse it for the final merge, so a launch takes the larger of the two.
+constexpr int64_t bwd_stage_smem(int stages, int rows, int cta_threads, int nv) {
+  return int64_t(stages) * rows * cta_threads * nv * 2 * 16;
+}
+
 // At most this much, so that two CTAs still share an SM.
 constexpr int64_t kWbCacheMax = 100 * 1024;
 
