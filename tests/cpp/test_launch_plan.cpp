@@ -24,10 +24,29 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     const int64_t per_cta = int64_t(kMaxCta) * max_accesses(bwd, vec, elem, !bwd) * vec;
     EXPECT_GT(cols, per_cta);
     if (cc >= 9) EXPECT_GT(cols, 16 * per_cta);
+    // Past 16 CTAs the backward's 16-byte rows of 2- and 4-byte types take row groups, up to kMaxGroup CTAs.
+    if (cc >= 9 && bwd && vec_ok && elem <= 4)
+      EXPECT_GT(cols, int64_t(kMaxGroup) * group_cta_max(max_accesses(true, vec, elem, true)) *
+                          max_accesses(true, vec, elem, true) * vec);
     return;
   }
   EXPECT_EQ(p.vec, vec_ok ? 16 / elem : 1);
   EXPECT_GE(int64_t(p.tpr) * p.csize * p.nv * p.vec, cols);          // covers the row
+  if (p.group) {  // backward rows past a cluster: one row group kernel per dtype, at the full budget
+    EXPECT_TRUE(bwd);
+    EXPECT_GE(cc, 9);
+    EXPECT_LE(elem, 4);
+    EXPECT_EQ(p.vec, 16 / elem);
+    EXPECT_GT(p.csize, 16);
+    EXPECT_LE(p.csize, kMaxGroup);
+    EXPECT_EQ(p.nv, max_accesses(true, p.vec, elem, true));
+    EXPECT_EQ(p.tpr, p.cta_threads);
+    EXPECT_EQ(p.tpr % 32, 0);
+    EXPECT_LE(p.tpr, group_cta_max(p.nv));
+    EXPECT_LT(int64_t(p.tpr - 32) * p.csize * p.nv * p.vec, cols);  // no idle warp
+    EXPECT_EQ(p.groups, 1000);
+    return;
+  }
   EXPECT_EQ(p.csize & (p.csize - 1), 0);  // row_coords divides by csize with a shift
   if (p.x_smem) {  // row in shared memory: forward, 16-byte accesses, one row per CTA
     const XSmemTuning xs;
@@ -119,6 +138,22 @@ TEST(LaunchPlan, BenchmarkSizesUseRegistersOnHopper) {
     EXPECT_TRUE(make_plan(1 << 20, cols, 2, 4, true, true, dev).registers) << cols;
   }
   EXPECT_TRUE(make_plan(512, 262144, 2, 4, true, false, dev).registers);
+  // The backward at 262144: row groups of 16 elements a thread, 16 KB of x
+  // a CTA (bf16: 32 CTAs of 512 threads, fp32: 64 of 256); at 131072 still
+  // 16-CTA clusters.
+  for (int elem : {2, 4}) {
+    const Plan g = make_plan(512, 262144, elem, 4, true, true, dev);
+    EXPECT_TRUE(g.registers && g.group);
+    EXPECT_EQ(g.csize, elem == 2 ? 32 : 64);
+    EXPECT_EQ(g.cta_threads, elem == 2 ? 512 : 256);
+    EXPECT_EQ(g.nv * g.vec, 16);
+    const Plan c = make_plan(1024, 131072, elem, 4, true, true, dev);
+    EXPECT_FALSE(c.group);
+    EXPECT_EQ(c.csize, 16);
+  }
+  EXPECT_FALSE(make_plan(512, 262144, 8, 8, true, true, dev).registers);  // fp64: split path
+  dev.cc_major = 8;
+  EXPECT_FALSE(make_plan(512, 262144, 2, 4, true, true, dev).registers);
 }
 
 TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {

@@ -69,6 +69,14 @@ def test_sanitize_staged_rows(kind, dtype, hidden, seed):
 
 @pytest.mark.sanitize
 @kinds
+def test_sanitize_row_groups(kind, seed):
+    """bf16 rows of 262144 take the backward's row groups (32 CTAs that
+    exchange sums through global memory); 9 rows give each group several."""
+    check(make_inputs(kind, (9, 262144), (262144,), torch.bfloat16, "cuda", generator(seed)))
+
+
+@pytest.mark.sanitize
+@kinds
 def test_sanitize_weight_only_cache(kind, seed):
     """bf16 rows of 24576 with fp32 params: RMSNorm's 2-CTA clusters cache
     the weight alone and stage the next row right after it (LayerNorm takes
@@ -163,6 +171,45 @@ def test_layer_norm_one_affine_array_long_rows(weight, bias, dtype, hidden, seed
     there is no weight) and stages the next row after it."""
     check(make_inputs("ln", (8 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),
                       weight=weight, bias=bias))
+
+
+@kinds
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [200000, 262144, 300000])
+@pytest.mark.parametrize("rows", [2, 13])
+def test_backward_row_groups(kind, dtype, hidden, rows, seed):
+    """Backward rows longer than a 16-CTA cluster: row groups of 25 (200000),
+    32 (262144) or 37 (300000) CTAs that exchange the row's sums through
+    global memory.  With 13 rows each group walks several (the last ones
+    partial), and the rows' dx trails their sums."""
+    check(make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", generator(seed)))
+
+
+@kinds
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_name)
+def test_backward_row_groups_float32_params(kind, dtype, seed):
+    """Row groups with a float32 weight (and bias) on 16-bit rows."""
+    check(make_inputs(kind, (9, 262144), (262144,), dtype, "cuda", generator(seed), param_dtype=torch.float32))
+
+
+@pytest.mark.parametrize("mask", [[True, False, False], [False, True, True], [True, True, False]],
+                         ids=["dx", "dw_db", "dx_dw"])
+@pytest.mark.parametrize("weight", [False, True])
+def test_backward_row_groups_output_mask(mask, weight, seed):
+    """Row groups with dx only (no partials), the weight gradients only (no
+    exchange at all), and without a weight."""
+    hidden = 262144
+    inp = make_inputs("ln", (7, hidden), (hidden,), torch.bfloat16, "cuda", generator(seed), weight=weight)
+    _, mean, rstd = torch.ops.fused_layernorm.layer_norm_fwd(inp.x, [hidden], inp.weight, inp.bias, inp.eps)
+    grads = torch.ops.fused_layernorm.layer_norm_bwd(inp.grad_out, inp.x, [hidden], mean, rstd, inp.weight,
+                                                     inp.bias, mask)
+    ref = reference(inp)
+    expected = [(ref.dx, ref.dx_slack), (ref.dweight, ref.dweight_slack), (ref.dbias, ref.dbias_slack)]
+    for name, want, got, (e, slack) in zip(("dx", "dweight", "dbias"), mask, grads, expected):
+        if want and e is not None:
+            assert_close(got, e, dtype=torch.bfloat16, slack=slack, what=name)
+        else:
+            assert got is None, name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
@@ -397,7 +444,8 @@ def test_side_stream(kind, seed):
 # --- determinism at scale ------------------------------------------------------------
 
 @kinds
-@pytest.mark.parametrize("rows,hidden", [(20000, 1024), (500, 65536)], ids=["20000x1024", "500x65536"])
+@pytest.mark.parametrize("rows,hidden", [(20000, 1024), (500, 65536), (45, 262144)],
+                         ids=["20000x1024", "500x65536", "45x262144"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
 def test_backward_bitwise_deterministic_many_rows(kind, rows, hidden, dtype, seed):
     """dweight/dbias (and y, dx) are bitwise identical over three runs."""

@@ -1,5 +1,7 @@
-// Split-row backward, for rows longer than a cluster of 16 CTAs holds (4 for
-// rows of scalar accesses; one CTA before sm_90).  Each row is cut into column chunks of one CTA each:
+// Split-row backward, for rows longer than a row group holds
+// (bwd_group_kernel.cuh: 16-byte accesses of 2- and 4-byte types), a
+// cluster of 16 CTAs (8-byte types) or of 4 (rows of scalar accesses), or one
+// CTA before sm_90.  Each row is cut into column chunks of one CTA each:
 //   1. bwd_split_sums_kernel: per (row, chunk), sum(g * xhat) and sum(g);
 //   2. bwd_split_rowsum_kernel: per row, the chunk sums in chunk order;
 //   3. bwd_split_dx_kernel: dx per (row, chunk), and per CTA the dweight /

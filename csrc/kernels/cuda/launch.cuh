@@ -10,6 +10,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "bwd_group_kernel.cuh"
 #include "bwd_kernel.cuh"
 #include "bwd_split_kernels.cuh"
 #include "fwd_kernel.cuh"
@@ -20,6 +21,7 @@
 namespace fln::cuda {
 
 static_assert(kMaxCta == kMaxCtaThreads, "launch_plan.h and the kernels' launch bounds must agree");
+static_assert(kMaxGroup == kMaxGroupCtas, "launch_plan.h and bwd_group_kernel.cuh must agree on row groups");
 static_assert(kMaxClusterCtas >= 16, "launch_plan.h plans clusters of up to 16 CTAs (RowReducer's slots)");
 
 inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -41,11 +43,13 @@ bool bwd_vec_ok(const BwdParams& p) {
 // A launch configuration, with the cluster attribute when csize > 1, and
 // the programmatic-serialization attribute when `dependent` (the kernel may
 // start before the previous kernel on the stream ends, and waits for it with
-// wait_for_primary_grid(); sm_90+).
+// wait_for_primary_grid(); sm_90+), and the cooperative attribute when
+// `cooperative` (CTAs that wait on each other: bwd_group_kernel.cuh).
 struct LaunchConfig {
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[2];
-  LaunchConfig(dim3 grid, dim3 block, size_t smem, int csize, cudaStream_t stream, bool dependent = false) {
+  cudaLaunchAttribute attr[3];
+  LaunchConfig(dim3 grid, dim3 block, size_t smem, int csize, cudaStream_t stream, bool dependent = false,
+               bool cooperative = false) {
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
@@ -62,6 +66,11 @@ struct LaunchConfig {
       cudaLaunchAttribute& a = attr[cfg.numAttrs++];
       a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       a.val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cooperative) {  // every CTA resident at once, or the launch fails
+      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeCooperative;
+      a.val.cooperative = 1;
     }
   }
   LaunchConfig(const LaunchConfig&) = delete;  // cfg.attrs points into this object
@@ -208,6 +217,23 @@ auto bwd_kernel_for(const Plan& pl, BwdVariant v) {
   return pick_bwd<DT, DW, V, BwdPipe::kNone, 64>(pl.nv);
 }
 
+// The row-group backward (Plan::group) of a dtype: 16 elements a thread,
+// STAGES rows of x and dy in shared memory (32 KB each: kGroupSliceBytes),
+// dx LAG rows after the sums.  H200, % of copy bandwidth at 262144 (v16a):
+// 16-bit rows (6, 3) LN bf16 76.8, (7, 4) 72.9, (6, 4) 72.8, (5, 2) 70.4;
+// fp32 (7, 4) 87.5, (6, 3) 86.7, (5, 2) 81.4.
+struct GroupKernelShape {
+  int stages, lag;
+};
+using GroupKernelFn = void (*)(BwdParams, GroupLayout, float*, float*, GroupXchg);
+
+template <typename DT, typename DW>
+std::pair<GroupKernelFn, GroupKernelShape> bwd_group_kernel_for() {
+  constexpr int V = 16 / sizeof(DT), NV = max_accesses(true, V, sizeof(DT), true);
+  constexpr GroupKernelShape k = sizeof(DT) == 2 ? GroupKernelShape{6, 3} : GroupKernelShape{7, 4};
+  return {&norm_bwd_group_kernel<DT, DW, NV, k.stages, k.lag>, k};
+}
+
 template <typename T, typename W>
 Plan fwd_plan(const FwdParams& p, const DeviceInfo& dev) {
   using DT = device_t<T>;
@@ -336,6 +362,7 @@ struct BwdShape {
   int vec;             // split: elements per access
   int64_t nchunks;     // split: column chunks per row
   int64_t sum_rows;    // split: grid rows of the sums kernel
+  GroupKernelFn group_kernel;  // row groups (Plan::group): the kernel, nparts groups of plan.csize CTAs
 };
 
 // The register kernel's variant and its dynamic shared memory, from H200
@@ -451,7 +478,23 @@ BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
   BwdShape s{};
   s.plan = make_plan(p.rows, p.cols, sizeof(DT), sizeof(A), bwd_vec_ok<DT, DW>(p), true, dev);
   const Plan& pl = s.plan;
-  if (use_register_kernel(pl, true)) {
+  if constexpr (sizeof(DT) <= 4)
+    if (pl.group) {
+      // As many groups as are resident at once (and not more than rows): the
+      // launch is cooperative, so it fails rather than leave a CTA waiting.
+      const auto [kernel, ks] = bwd_group_kernel_for<DT, DW>();
+      s.dyn_smem = size_t(bwd_stage_smem(ks.stages, 1, pl.cta_threads, pl.nv));
+      const int64_t ctas = resident_groups(kernel, dev, pl.cta_threads + 32, 1, s.dyn_smem);
+      const int64_t groups = ctas / pl.csize < p.rows ? ctas / pl.csize : p.rows;
+      if (groups > 0) {
+        s.registers = true;
+        s.group_kernel = kernel;
+        s.nparts = groups;
+        s.grid = groups * pl.csize;
+        return s;
+      }
+    }
+  if (!pl.group && use_register_kernel(pl, true)) {
     const BwdLaunch l = bwd_launch<DT, DW>(p, pl, dev);
     s.variant = l.variant;
     s.dyn_smem = l.dyn_smem;
@@ -482,6 +525,8 @@ struct BwdWorkspace {
   A* part_b;
   acc2_t<A>* chunk_sums;
   acc2_t<A>* row_sums;
+  GroupXchg xchg;  // row groups with dx: the slots, zeroed before the launch
+  size_t xchg_bytes;
 };
 
 template <typename A>
@@ -499,6 +544,10 @@ size_t bwd_workspace_layout(const BwdParams& p, const BwdShape& s, void* base, B
   if (!s.registers && p.dx) {
     w.chunk_sums = static_cast<acc2_t<A>*>(take(size_t(p.rows) * s.nchunks * sizeof(acc2_t<A>)));
     w.row_sums = static_cast<acc2_t<A>*>(take(size_t(p.rows) * sizeof(acc2_t<A>)));
+  }
+  if (s.group_kernel && p.dx) {
+    w.xchg_bytes = size_t(s.nparts) * kGroupXchgBufs * s.plan.csize * 2 * sizeof(unsigned long long);
+    w.xchg.slots = static_cast<unsigned long long*>(take(w.xchg_bytes));
   }
   if (ws) *ws = w;
   return off;
@@ -532,7 +581,17 @@ cudaError_t norm_bwd(const BwdParams& p, const DeviceInfo& dev, cudaStream_t str
   BwdWorkspace<A> ws;
   bwd_workspace_layout<A>(p, s, base, &ws);
   cudaError_t e = cudaSuccess;
-  if (s.registers) {
+  if (s.group_kernel) {
+    const Plan& pl = s.plan;
+    if (p.dx) e = cudaMemsetAsync(ws.xchg.slots, 0, ws.xchg_bytes, stream);
+    if constexpr (std::is_same_v<A, float>)
+      if (e == cudaSuccess) {
+        const LaunchConfig lc(dim3(unsigned(s.grid)), dim3(unsigned(pl.cta_threads + 32)), s.dyn_smem, 1, stream,
+                              false, true);
+        e = launch_with(lc, s.group_kernel, p, GroupLayout{pl.cta_threads, pl.csize}, ws.part_w, ws.part_b,
+                        ws.xchg);
+      }
+  } else if (s.registers) {
     const Plan& pl = s.plan;
     auto kernel = bwd_kernel_for<DT, DW>(pl, s.variant);
     e = launch(kernel, dim3(unsigned(s.grid)), dim3(pl.cta_threads), s.dyn_smem, pl.csize, stream, p,

@@ -23,6 +23,7 @@ struct Plan {
   bool cache_wb = false;  // forward clusters: weight and bias slices kept in shared memory
   bool x_smem = false;    // forward: the row is kept in shared memory, not registers
   bool stage_x = false;   // forward weight-cache clusters: the next row is staged in shared memory
+  bool group = false;     // backward rows past a cluster: csize CTAs exchange sums in global memory
 };
 
 // Forward rows kept in shared memory (Plan::x_smem).  A register plan keeps
@@ -100,6 +101,13 @@ constexpr int64_t bwd_stage_smem(int stages, int rows, int cta_threads, int nv) 
   return int64_t(stages) * rows * cta_threads * nv * 2 * 16;
 }
 
+// CTAs of a backward row group at most (Plan::group, bwd_group_kernel.cuh),
+// and the bytes of x (and as many of dy) of a row each holds: with several
+// rows of them in shared memory, a row's dx can trail its sums by a few rows.
+constexpr int kMaxGroup = 128;
+constexpr int64_t kGroupSliceBytes = 16 * 1024;
+constexpr int group_cta_max(int nv) { return int(kGroupSliceBytes / (int64_t(nv) * 16)); }
+
 // At most this much, so that two CTAs still share an SM.
 constexpr int64_t kWbCacheMax = 100 * 1024;
 
@@ -158,14 +166,22 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
   // over a thread-block cluster (sm_90+, at most 16 CTAs), else fall back.
   const int64_t threads = (nvec + nv_max - 1) / nv_max;
   if (threads > kMaxCta) {
-    const int64_t cs = (threads + kMaxCta - 1) / kMaxCta;
-    if (dev.cc_major < 9 || cs > 16) {
+    // Backward rows past a 16-CTA cluster (16-byte accesses of 2- and 4-byte
+    // types): a row group of exactly cs CTAs that exchange the row's sums
+    // through global memory (Plan::group), rather than the split path, which
+    // reads x and dy twice.
+    int64_t cs = (threads + kMaxCta - 1) / kMaxCta;
+    if (bwd && vec >= 4 && dev.cc_major >= 9 && cs > 16) {
+      cs = (threads + group_cta_max(nv_max) - 1) / group_cta_max(nv_max);
+      p.group = cs <= kMaxGroup;
+    }
+    if (dev.cc_major < 9 || (cs > 16 && !p.group)) {
       p.registers = false;
       p.cta_threads = 512;
       p.groups = rows;
       return p;
     }
-    p.csize = next_pow2(cs);
+    p.csize = p.group ? int(cs) : next_pow2(cs);
     // Whole warps per CTA, as few as cover the row: fp32 12288 takes two CTAs
     // of 384 threads, not of 512 with a quarter idle.
     const int64_t per_cta = (threads + p.csize - 1) / p.csize;
@@ -179,7 +195,7 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
     p.tpr = next_pow2(threads);  // lanes of one warp, reduced by shuffles
   }
   const int64_t per_thread = (nvec + int64_t(p.tpr) * p.csize - 1) / (int64_t(p.tpr) * p.csize);
-  p.nv = next_pow2(per_thread);
+  p.nv = p.group ? nv_max : next_pow2(per_thread);  // a group kernel per dtype, at the full budget
   // Small rows: several rows per 128-thread CTA.  Otherwise one row per CTA.
   p.cta_threads = p.tpr < 128 && (p.tpr & (p.tpr - 1)) == 0 ? 128 : p.tpr;
   p.rows_per_cta = p.cta_threads / p.tpr;

@@ -1,0 +1,314 @@
+// Backward of rows longer than a thread-block cluster holds (sm_90+): a row
+// group of G CTAs (up to kMaxGroupCtas, any count, one CTA an SM or more)
+// owns a row, each CTA a slice of it, and the CTAs exchange the row's sums
+// through global memory instead of distributed shared memory.  x and dy are
+// read once and dx written once, where the split path (bwd_split_kernels.cuh)
+// reads x and dy twice.  The grid is persistent and launched cooperatively,
+// so that every CTA of a group is resident while the others wait on it.
+//
+// Each CTA has `tpr` compute threads and one exchange warp:
+// - the compute warps copy their rows' x and dy into a ring of STAGES
+//   buffers in shared memory (cp.async, each thread its own slots, AHEAD rows
+//   ahead), add up sum(g * xhat) and sum(g) of a row (g = dy * w) and the
+//   dweight / dbias partials (fp32 registers), reduce the sums per warp and
+//   hand them to the exchange warp through shared memory and an mbarrier;
+// - the exchange warp adds the warps' sums, publishes the CTA's sums in its
+//   slot of the group (tagged with the row), collects the G slots of an
+//   earlier row once they all carry its tag, adds them in slot order and
+//   hands the row's totals back through an mbarrier;
+// - the compute warps write dx of a row LAG rows after they summed it, so the
+//   exchange (round trips to L2, and the wait for the group's slowest CTA)
+//   overlaps the next rows' sums.
+// No CTA-wide barrier is in the row loop.  Every sum has a fixed order, so
+// dx and the partials are bitwise reproducible; finalize_kernel (bwd_kernel.cuh)
+// adds the groups' partial rows as for the other register kernels.
+#pragma once
+#include "common.cuh"
+#include "../params.h"
+
+namespace fln::cuda {
+
+constexpr int kMaxGroupCtas = 128;  // four slots a lane of the exchange warp
+
+// The compute threads (tpr, whole warps, at most kMaxCtaThreads) and the
+// CTAs of a group; the grid is ngroups * size CTAs of tpr + 32 threads.
+struct GroupLayout {
+  int tpr;
+  int size;
+};
+
+// Global exchange memory, zeroed before the launch: slots[group][buffer][CTA],
+// each two 64-bit words (sum(g * xhat), tag) and (sum(g), tag), tag = the
+// row's index in the group's walk + 1.  A word is written and read as one
+// single-copy-atomic access, so a reader that sees a row's tag in both words
+// has that row's sums: no fence and no counter, one store to publish and
+// one load (or a few, while it is not there yet) to collect, as in NCCL's
+// LL protocol.  The loads are relaxed: as acquires each cost an L1
+// invalidation (CCTL.IVALL) and they were issued one after another.  The one
+// ordering the protocol needs, that a CTA rewrites a buffer only after every
+// CTA's loads of it have returned, comes from its store being issued only
+// once the tags it polled (which other CTAs stored after those loads) were
+// seen.  A group cycles through kGroupXchgBufs buffers (the kernel's comment
+// says why that is enough).
+struct GroupXchg {
+  unsigned long long* slots;
+};
+constexpr int kGroupXchgBufs = 8;
+
+__device__ __forceinline__ void st_relaxed_gpu_v2(unsigned long long* p, unsigned long long a,
+                                                  unsigned long long b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};\n" ::"l"(p), "l"(a), "l"(b) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ld_relaxed_gpu_v2(const unsigned long long* p, unsigned long long& a,
+                                                  unsigned long long& b) {
+  a = b = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];\n" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+#endif
+}
+
+// Plain arrival on a CTA mbarrier (release at CTA scope).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+#endif
+}
+
+// LAG: rows between a row's sums and its dx.  AHEAD = STAGES - 1 - LAG rows'
+// copies are in flight while a row is summed.
+template <typename T, typename W, int NV, int STAGES, int LAG>
+__global__ void __launch_bounds__(kMaxCtaThreads + 32, 1)
+norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b, GroupXchg xg) {
+  static_assert(sizeof(T) <= 4, "fp32 accumulators");
+  using A = float;
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr int AHEAD = STAGES - 1 - LAG;
+  constexpr int NB = LAG + 1;  // shared exchange buffers: a row's are reused NB rows later
+  static_assert(LAG >= 1 && AHEAD >= 1, "a row in flight and a row between sums and dx");
+  // The exchange warp publishes row j and then collects row j + 1 - LAG, so
+  // a CTA publishing row j has collected row j - LAG, and every CTA had
+  // published that row after collecting row j + 1 - 2 LAG: all have read the
+  // slots of rows up to there, and row j may take the buffer of row j - 2 LAG.
+  static_assert(kGroupXchgBufs >= 2 * LAG, "a slot is rewritten only after every CTA has read it");
+  // 16-bit x: xhat and dx's correction one FMA an element (norm_bwd_rows' kFold).
+  constexpr bool kFold = sizeof(T) == 2;
+  __shared__ A warp_sums[NB][kMaxCtaThreads / 32][2];
+  __shared__ A totals[NB][2];
+  __shared__ alignas(8) uint64_t sums_ready[NB], totals_ready[NB];
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  const uint32_t stage_base = smem_addr(dyn_smem);
+
+  const int tpr = lay.tpr, G = lay.size, nwarps = tpr / 32;
+  const int rank = int(blockIdx.x) % G;
+  const int64_t group = blockIdx.x / G, ngroups = gridDim.x / G;
+  const int64_t n = p.cols;
+  const int64_t rows_g = group < p.rows ? (p.rows - group + ngroups - 1) / ngroups : 0;
+  const bool want_dx = p.dx != nullptr;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    for (int b = 0; b < NB; ++b) {
+      mbar_init(&sums_ready[b], uint32_t(nwarps));
+      mbar_init(&totals_ready[b], 1);
+    }
+  }
+  __syncthreads();  // the only CTA-wide barrier
+
+  if (warp == nwarps) {  // the exchange warp
+    if (!want_dx) return;
+    unsigned long long* slots = xg.slots + group * kGroupXchgBufs * G * 2;
+    auto publish = [&](int64_t j) {
+      const int b = int(j % NB);
+      mbar_wait(smem_addr(&sums_ready[b]), uint32_t(j / NB) & 1u);
+      const A c0 = butterfly_sum16(lane % 16 < nwarps ? warp_sums[b][lane % 16][0] : A(0));
+      const A c1 = butterfly_sum16(lane % 16 < nwarps ? warp_sums[b][lane % 16][1] : A(0));
+      const unsigned long long tag = (unsigned long long)(j + 1) << 32;
+      if (lane == 0)
+        st_relaxed_gpu_v2(&slots[(j % kGroupXchgBufs * G + rank) * 2], tag | __float_as_uint(c0),
+                          tag | __float_as_uint(c1));
+    };
+    auto collect = [&](int64_t j) {
+      const unsigned tag = unsigned(j + 1);
+      const unsigned long long* row_slots = &slots[j % kGroupXchgBufs * G * 2];
+      float2 v;
+      for (;;) {  // until every slot holds row j
+        bool ok = true;
+        v = make_float2(0.f, 0.f);
+#pragma unroll
+        for (int h = 0; h < kMaxGroupCtas / 32; ++h) {  // slots lane, lane + 32, ..., in that order
+          const int c = lane + 32 * h;
+          if (c < G) {
+            unsigned long long a, b;
+            ld_relaxed_gpu_v2(&row_slots[c * 2], a, b);
+            ok = ok && unsigned(a >> 32) == tag && unsigned(b >> 32) == tag;
+            v.x += __uint_as_float(unsigned(a));
+            v.y += __uint_as_float(unsigned(b));
+          }
+        }
+        if (__all_sync(0xffffffffu, ok)) break;
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) {  // fixed order: every lane ends with the same bits
+        v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
+        v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
+      }
+      const int b = int(j % NB);
+      if (lane == 0) {
+        totals[b][0] = v.x;
+        totals[b][1] = v.y;
+        mbar_arrive(smem_addr(&totals_ready[b]));
+      }
+    };
+    // Row j's totals are collected while the compute warps sum row j + 1 ...
+    // j + LAG - 1, and before they need them at row j + LAG.
+    for (int64_t j = 0; j < rows_g; ++j) {
+      publish(j);
+      if (j + 1 >= LAG) collect(j + 1 - LAG);
+    }
+    for (int64_t j = rows_g + 1 - LAG > 0 ? rows_g + 1 - LAG : 0; j < rows_g; ++j) collect(j);
+    return;
+  }
+
+  // The compute threads.  Columns: access i of thread t of CTA r holds
+  // elements ((i * G + r) * tpr + t) * VEC onwards.
+  auto col = [&](int i) { return (int64_t(i * G + rank) * tpr + tid) * VEC; };
+  auto row_of = [&](int64_t j) { return group + j * ngroups; };
+  // Stage s, access i, x (0) or dy (1): this thread's 16-byte slot.
+  auto slot = [&](int s, int i, int which) {
+    return stage_base + uint32_t((((s * NV + i) * 2 + which) * tpr + tid) * 16);
+  };
+  const T* __restrict__ xp = static_cast<const T*>(p.x);
+  const T* __restrict__ dyp = static_cast<const T*>(p.dy);
+  const A* __restrict__ meanp = static_cast<const A*>(p.mean);
+  const A* __restrict__ rstdp = static_cast<const A*>(p.rstd);
+  const A inv_n = A(1) / A(n);
+
+  // The weights in fp32 registers: 16-bit weights unpacked once, not twice
+  // an element a row (v16a: LN bf16 262144 74.9 -> 76.8% of copy bandwidth).
+  A w[NV * VEC];
+  A rw[NV * VEC], rb[NV * VEC];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    Frag<W, VEC> f;
+    if (p.w && col(i) < n) f.load(static_cast<const W*>(p.w) + col(i));
+    else f.one();
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) w[i * VEC + k] = f.get(k);
+  }
+#pragma unroll
+  for (int k = 0; k < NV * VEC; ++k) rw[k] = rb[k] = A(0);
+
+  auto issue = [&](int64_t j) {  // row j's copies into stage j % STAGES; one group, empty or not
+    if (j < rows_g) {
+      const int64_t row = row_of(j);
+      const int s = int(j % STAGES);
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+        if (col(i) < n) {
+          cp_async16_to(slot(s, i, 0), xp + row * p.x_stride + col(i));
+          cp_async16_to(slot(s, i, 1), dyp + row * p.dy_stride + col(i));
+        }
+    }
+    cp_async_commit();
+  };
+  // Row statistics, loaded with the row's copies: stat[k] is row j - LAG + k
+  // during iteration j (stat[LAG] the row summed, stat[0] the row whose dx is written).
+  struct Stat {
+    A mean, rstd;
+  };
+  auto load_stat = [&](int64_t j) {
+    Stat s{A(0), A(0)};
+    if (j < rows_g) {
+      const int64_t row = row_of(j);
+      s.mean = p.rms ? A(0) : meanp[row];
+      s.rstd = rstdp[row];
+    }
+    return s;
+  };
+  Stat stat[STAGES];
+#pragma unroll
+  for (int k = 0; k < STAGES; ++k) stat[k] = Stat{A(0), A(0)};
+#pragma unroll
+  for (int a = 0; a < AHEAD; ++a) {
+    issue(a);
+    stat[LAG + 1 + a] = load_stat(a);
+  }
+
+  for (int64_t j = 0; j < rows_g + (want_dx ? LAG : 0); ++j) {
+#pragma unroll
+    for (int k = 0; k + 1 < STAGES; ++k) stat[k] = stat[k + 1];
+    if (j < rows_g) {
+      issue(j + AHEAD);
+      stat[STAGES - 1] = load_stat(j + AHEAD);
+      cp_async_wait<AHEAD>();  // row j's copies have landed
+      const int s = int(j % STAGES);
+      const A mean = stat[LAG].mean, rstd = stat[LAG].rstd, shift = -mean * rstd;
+      A s0 = 0, s1 = 0;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (col(i) >= n) continue;
+        const Frag<T, VEC> x = load_shared16<T, VEC>(slot(s, i, 0)), dy = load_shared16<T, VEC>(slot(s, i, 1));
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A xh = kFold ? x.get(k) * rstd + shift : (x.get(k) - mean) * rstd;
+          const A d = dy.get(k), g = d * w[i * VEC + k];
+          rw[i * VEC + k] += d * xh;
+          rb[i * VEC + k] += d;
+          s0 += g * xh;
+          s1 += g;
+        }
+      }
+      if (want_dx) {
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) {
+          s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+          s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+        }
+        const int b = int(j % NB);
+        if (lane == 0) {
+          warp_sums[b][warp][0] = s0;
+          warp_sums[b][warp][1] = s1;
+          mbar_arrive(smem_addr(&sums_ready[b]));
+        }
+      }
+    }
+    if (want_dx && j >= LAG) {
+      const int64_t jj = j - LAG, row = row_of(jj);
+      const int b = int(jj % NB), s = int(jj % STAGES);
+      mbar_wait(smem_addr(&totals_ready[b]), uint32_t(jj / NB) & 1u);
+      const A mean = stat[0].mean, r = stat[0].rstd;
+      // dx = g * rstd - ((x - mean) * c1 + c0), c1 = rstd^2 mean(g xhat), c0 = rstd mean(g)
+      const A c1 = totals[b][0] * inv_n * r * r, c0 = p.rms ? A(0) : totals[b][1] * inv_n * r;
+      const A c0x = c0 - mean * c1;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (col(i) >= n) continue;
+        const Frag<T, VEC> x = load_shared16<T, VEC>(slot(s, i, 0)), dy = load_shared16<T, VEC>(slot(s, i, 1));
+        A dx[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A t0 = kFold ? x.get(k) * c1 + c0x : (x.get(k) - mean) * c1 + c0;
+          dx[k] = dy.get(k) * w[i * VEC + k] * r - t0;
+        }
+        store_vec(static_cast<T*>(p.dx) + row * n + col(i), dx);
+      }
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    if (col(i) >= n) continue;
+    A dw[VEC], db[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      dw[k] = rw[i * VEC + k];
+      db[k] = rb[i * VEC + k];
+    }
+    if (part_w) store_vec(part_w + group * n + col(i), dw);
+    if (part_b) store_vec(part_b + group * n + col(i), db);
+  }
+}
+
+}  // namespace fln::cuda
