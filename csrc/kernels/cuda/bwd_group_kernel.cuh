@@ -297,18 +297,7 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
     }
   }
   cp_async_wait<0>();
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    if (col(i) >= n) continue;
-    A dw[VEC], db[VEC];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      dw[k] = rw[i * VEC + k];
-      db[k] = rb[i * VEC + k];
-    }
-    if (part_w) store_vec(part_w + group * n + col(i), dw);
-    if (part_b) store_vec(part_b + group * n + col(i), db);
-  }
+  store_partial_row<NV, VEC>(rw, rb, part_w, part_b, group, n, col);
 }
 
 }  // namespace fln::cuda

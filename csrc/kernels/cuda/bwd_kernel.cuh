@@ -302,18 +302,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   if (!want_dw) return;
   if constexpr (kRegAcc) {
     if (rpc == 1) {  // one row per CTA: the registers are the partial row
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        if (col(i) >= n) continue;
-        A dw[VEC], db[VEC];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          dw[k] = rw[i * VEC + k];
-          db[k] = rb[i * VEC + k];
-        }
-        if (part_w) store_vec(part_w + group * n + col(i), dw);
-        if (part_b) store_vec(part_b + group * n + col(i), db);
-      }
+      store_partial_row<NV, VEC>(rw, rb, part_w, part_b, group, n, col);
       return;
     }
     __syncthreads();  // the partial slots overlap the stage buffers, which every thread is done with

@@ -246,6 +246,25 @@ __device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
     *reinterpret_cast<V*>(p) = v;
 }
 
+// A thread's dweight / dbias partials, held in registers for its N accesses
+// of VEC columns (access i at column col(i)), written as partial row `part_row`.
+template <int N, int VEC, typename A, typename Col>
+__device__ __forceinline__ void store_partial_row(const A* rw, const A* rb, A* part_w, A* part_b, int64_t part_row,
+                                                  int64_t n, Col col) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if (col(i) >= n) continue;
+    A dw[VEC], db[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      dw[k] = rw[i * VEC + k];
+      db[k] = rb[i * VEC + k];
+    }
+    if (part_w) store_vec(part_w + part_row * n + col(i), dw);
+    if (part_b) store_vec(part_b + part_row * n + col(i), db);
+  }
+}
+
 // Largest thread-block cluster of any kernel (sm_90; launch_plan.h plans at most 16).
 constexpr int kMaxClusterCtas = 16;
 
