@@ -70,13 +70,6 @@ __device__ __forceinline__ void ld_relaxed_gpu_v2(const unsigned long long* p, u
 #endif
 }
 
-// Plain arrival on a CTA mbarrier (release at CTA scope).
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-#endif
-}
-
 // LAG: rows between a row's sums and its dx.  AHEAD = STAGES - 1 - LAG rows'
 // copies are in flight while a row is summed.
 template <typename T, typename W, int NV, int STAGES, int LAG>

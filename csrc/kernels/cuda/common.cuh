@@ -290,6 +290,13 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 #endif
 }
 
+// Plain arrival on a CTA mbarrier (release at CTA scope).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+#endif
+}
+
 // Waits until the mbarrier's phase of parity `phase` has completed; what the
 // stores that completed it wrote is then visible to this thread.  The
 // mbarrier and the data are this CTA's shared memory, so the acquire is at
