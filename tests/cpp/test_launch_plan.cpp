@@ -48,6 +48,22 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     return;
   }
   EXPECT_EQ(p.csize & (p.csize - 1), 0);  // row_coords divides by csize with a shift
+  if (p.short_rows) {  // forward rows of one warp at most (fwd_rows_kernel.cuh)
+    EXPECT_FALSE(bwd);
+    EXPECT_TRUE(vec_ok);
+    EXPECT_EQ(p.csize, 1);
+    EXPECT_LE(p.tpr, 32);
+    EXPECT_EQ(p.tpr & (p.tpr - 1), 0);  // lanes of a warp: a power of two
+    EXPECT_EQ(p.nv & (p.nv - 1), 0);
+    if (p.nv > 1) EXPECT_EQ(p.tpr, 32);  // the kernels instantiated (fwd_rows_kernel_for)
+    EXPECT_EQ(p.nv * p.rows_per_thread, kShortRowAccesses);
+    EXPECT_LT(int64_t(p.tpr) * p.nv * p.vec, 2 * cols);  // no lane or access left idle by a power of two too many
+    EXPECT_EQ(p.cta_threads, kShortRowCta);
+    EXPECT_EQ(p.rows_per_cta, kShortRowCta / p.tpr * p.rows_per_thread);
+    EXPECT_EQ(p.groups, (1000 + p.rows_per_cta - 1) / p.rows_per_cta);
+    return;
+  }
+  EXPECT_GT(cols * elem, (bwd || !vec_ok) ? 0 : 32 * kShortRowAccesses * 16);  // longer rows only
   if (p.x_smem) {  // row in shared memory: forward, 16-byte accesses, one row per CTA
     const XSmemTuning xs;
     EXPECT_FALSE(bwd);

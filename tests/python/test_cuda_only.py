@@ -57,6 +57,18 @@ def test_sanitize_small_sizes(kind, dtype, hidden, seed):
 @pytest.mark.sanitize
 @kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [8, 200, 512, 1000])
+def test_sanitize_short_rows(kind, dtype, hidden, seed):
+    """The forward's short-row kernel (rows of at most 32 lanes, several rows
+    a thread): 37 rows leave the last warp with rows past the tensor, in
+    every slot layout from 1 lane a row (bf16 8) to 32 lanes of 4 accesses,
+    the last partly idle (bf16 1000)."""
+    check(make_inputs(kind, (37, hidden), (hidden,), dtype, "cuda", generator(seed)))
+
+
+@pytest.mark.sanitize
+@kinds
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [6144, 12288])
 def test_sanitize_staged_rows(kind, dtype, hidden, seed):
     """Aligned rows through the cp.async paths, fwd + bwd: bf16 6144 and

@@ -14,6 +14,7 @@
 #include "bwd_kernel.cuh"
 #include "bwd_split_kernels.cuh"
 #include "fwd_kernel.cuh"
+#include "fwd_rows_kernel.cuh"
 #include "fwd_split_kernels.cuh"
 #include "launch_plan.h"
 #include "norm_cuda.h"
@@ -22,6 +23,8 @@ namespace fln::cuda {
 
 static_assert(kMaxCta == kMaxCtaThreads, "launch_plan.h and the kernels' launch bounds must agree");
 static_assert(kMaxGroup == kMaxGroupCtas, "launch_plan.h and bwd_group_kernel.cuh must agree on row groups");
+static_assert(kShortRowAccesses == kRowsAccesses && kShortRowCta == kRowsCtaThreads,
+              "launch_plan.h and fwd_rows_kernel.cuh must agree on short rows");
 static_assert(kMaxClusterCtas >= 16, "launch_plan.h plans clusters of up to 16 CTAs (RowReducer's slots)");
 
 inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -177,6 +180,23 @@ auto fwd_kernel_of(const Plan& pl) {
   return pick_fwd<DT, DW, V, false, false, CLUSTER>(pl.nv);
 }
 
+// The short-row kernel of a plan (Plan::short_rows): lanes a row a power of
+// two up to 32, and more than one access a lane only with all 32.
+template <typename DT, typename DW>
+auto fwd_rows_kernel_for(const Plan& pl) -> void (*)(FwdParams, dacc_t<DT>) {
+  constexpr int V = 16 / sizeof(DT);
+  if (pl.tpr < 32) switch (pl.tpr) {
+      case 1: return &norm_fwd_rows_kernel<DT, DW, V, 1, 1>;
+      case 2: return &norm_fwd_rows_kernel<DT, DW, V, 1, 2>;
+      case 4: return &norm_fwd_rows_kernel<DT, DW, V, 1, 4>;
+      case 8: return &norm_fwd_rows_kernel<DT, DW, V, 1, 8>;
+      default: return &norm_fwd_rows_kernel<DT, DW, V, 1, 16>;
+    }
+  if (pl.nv == 1) return &norm_fwd_rows_kernel<DT, DW, V, 1, 32>;
+  if (pl.nv == 2) return &norm_fwd_rows_kernel<DT, DW, V, 2, 32>;
+  return &norm_fwd_rows_kernel<DT, DW, V, kRowsAccesses, 32>;
+}
+
 template <typename DT, typename DW>
 auto fwd_kernel_for(const Plan& pl) {
   constexpr int V = 16 / sizeof(DT);
@@ -277,6 +297,11 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   if (p.rows == 0) return cudaSuccess;
   const Plan pl = fwd_plan<T, W>(p, dev);
   const int w_arrays = (p.w ? 1 : 0) + (p.b ? 1 : 0);
+  if (pl.short_rows) {
+    const int64_t groups = pl.groups < INT32_MAX ? pl.groups : INT32_MAX;  // the kernel strides past that
+    return launch(fwd_rows_kernel_for<DT, DW>(pl), dim3(unsigned(groups)), dim3(pl.cta_threads), 0, 1, stream, p,
+                  A(1.0 / double(p.cols)));
+  }
   if (use_register_kernel(pl, false)) {
     auto kernel = fwd_kernel_for<DT, DW>(pl);
     // Register clusters run a persistent grid (each walks many rows); plain

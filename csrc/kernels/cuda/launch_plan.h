@@ -24,7 +24,16 @@ struct Plan {
   bool x_smem = false;    // forward: the row is kept in shared memory, not registers
   bool stage_x = false;   // forward weight-cache clusters: the next row is staged in shared memory
   bool group = false;     // backward rows past a cluster: csize CTAs exchange sums in global memory
+  bool short_rows = false;  // forward rows of one warp at most: fwd_rows_kernel.cuh
+  int rows_per_thread = 1;  // short_rows: rows each thread holds (same columns)
 };
+
+// Forward rows of at most 32 lanes of kShortRowAccesses 16-byte accesses
+// (2 KB: bf16 1024, fp32 512) take the short-row kernel (fwd_rows_kernel.cuh):
+// tpr lanes a row, a power of two up to 32, nv accesses a lane (a power of
+// two), and kShortRowAccesses / nv rows a thread, in CTAs of kShortRowCta.
+constexpr int kShortRowAccesses = 4;
+constexpr int kShortRowCta = 128;
 
 // Forward rows kept in shared memory (Plan::x_smem).  A register plan keeps
 // at most 64K registers of 64 per thread busy on an SM, and CTAs of 384 or
@@ -154,11 +163,25 @@ inline int64_t register_inflight(const Plan& p, int64_t cols, int elem_bytes) {
   return ctas * p.rows_per_cta * (cols * elem_bytes / p.csize) * (p.stage_x ? 2 : 1);
 }
 
+inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
+  Plan p;
+  p.short_rows = true;
+  p.vec = vec;
+  p.tpr = next_pow2(nvec < 32 ? nvec : 32);
+  p.nv = next_pow2((nvec + p.tpr - 1) / p.tpr);
+  p.rows_per_thread = kShortRowAccesses / p.nv;
+  p.cta_threads = kShortRowCta;
+  p.rows_per_cta = kShortRowCta / p.tpr * p.rows_per_thread;
+  p.groups = (rows + p.rows_per_cta - 1) / p.rows_per_cta;
+  return p;
+}
+
 // The register-kernel layout of a row of `nvec` accesses of `vec` elements,
 // at most nv_max a thread; registers == false where no CTA or cluster can
 // hold it (the split path).
 inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, bool bwd, const DeviceInfo& dev,
                             int w_bytes, int w_arrays) {
+  if (!bwd && vec > 1 && nvec <= 32 * kShortRowAccesses) return short_row_layout(rows, nvec, vec);
   Plan p;
   p.vec = vec;
   // Give each thread nv_max accesses (several 16-byte loads in flight) and

@@ -1,0 +1,163 @@
+// Forward kernel for short rows: at most one warp's 32 lanes on a row, and
+// several rows a thread.  LANES lanes (a power of two) hold a row, each NV
+// 16-byte accesses of it, and a thread holds the same columns of R =
+// kRowsAccesses / NV rows at once; a warp holds 32 / LANES such row slots
+// side by side.  The weight and bias of a thread's columns are loaded once
+// for its R rows, and the R rows' reductions run interleaved.
+//
+// Against the general register kernel (fwd_kernel.cuh), which gives each
+// thread one row of up to 64 bytes, this is how torch.compile's Triton
+// kernels lay out short rows: at LN bf16 256 the general kernel ran 1.7 times
+// Triton's instructions (docs/performance.md v13e), two thirds of its loads
+// re-reading weight and bias for every row.
+//
+// Statistics: LayerNorm takes two passes over the registers, the sum for the
+// mean and then sum((x - mean)^2), which is exact without the general
+// kernel's shift and fallback test; RMSNorm one, sum(x^2).  Every sum adds in
+// a fixed order (a butterfly over the row's lanes), so the results are
+// bitwise reproducible.
+#pragma once
+#include "common.cuh"
+#include "../params.h"
+
+namespace fln::cuda {
+
+// Accesses of 16 bytes a thread holds (NV * R), and the CTA size.
+constexpr int kRowsAccesses = 4;
+constexpr int kRowsCtaThreads = 128;
+
+template <int LANES, typename A>
+__device__ __forceinline__ A lanes_sum(A v) {
+#pragma unroll
+  for (int off = LANES / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+template <typename T, typename W, int VEC, int NV, int LANES>
+__global__ void __launch_bounds__(kRowsCtaThreads, sizeof(W) > sizeof(T) ? 6 : 8) norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
+  static_assert(VEC * sizeof(T) == 16 && kRowsAccesses % NV == 0 && LANES <= 32 && (LANES & (LANES - 1)) == 0,
+                "16-byte accesses, whole rows a thread");
+  constexpr int R = kRowsAccesses / NV;  // rows a thread
+  constexpr int SLOTS = 32 / LANES;      // rows side by side in a warp
+  using A = dacc_t<T>;
+  const int lane = int(threadIdx.x) % 32, l = lane % LANES;
+  // A grid of at most 2^31 - 1 CTAs walks the rows in strides (one trip
+  // below that).  Row r of this thread: the warp's R * SLOTS rows, slots
+  // adjacent, so that one access of the warp covers SLOTS neighbouring rows.
+  constexpr int64_t kWarps = kRowsCtaThreads / 32;
+  for (int64_t warp = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; warp * (SLOTS * R) < p.rows;
+       warp += int64_t(gridDim.x) * kWarps) {
+    const int64_t row0 = warp * (SLOTS * R) + lane / LANES;
+    const int n = int(p.cols);  // < 32 * kRowsAccesses * VEC (launch_plan.h)
+    auto col = [&](int i) { return (i * LANES + l) * VEC; };
+    // Rows of this thread still in the tensor, as an int (it has R at most),
+    // and each row's pointers as a step from the first: no 64-bit products
+    // or compares a row.
+    const int64_t left = p.rows - row0;
+    const int nlive = left < R * SLOTS ? int(left) : R * SLOTS;
+    auto live = [&](int r) { return r * SLOTS < nlive; };
+    const T* __restrict__ xrow = static_cast<const T*>(p.x) + row0 * p.x_stride;
+    const int64_t xstep = SLOTS * p.x_stride;
+
+    Frag<T, VEC> x[R][NV];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (live(r) && col(i) < n)
+          x[r][i].load(xrow + r * xstep + col(i));
+        else
+          x[r][i].zero();
+      }
+
+    A mean[R], rstd[R];
+    if (!p.rms) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        A s = 0;
+#pragma unroll
+        for (int i = 0; i < NV; ++i)
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) s += x[r][i].get(k);  // padding: zeros
+        mean[r] = s;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) mean[r] = lanes_sum<LANES>(mean[r]) * inv_n;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      A q = 0;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (!p.rms && col(i) >= n) continue;  // padding: zeros, not x - mean
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A d = p.rms ? A(x[r][i].get(k)) : x[r][i].get(k) - mean[r];
+          q += d * d;
+        }
+      }
+      rstd[r] = q;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) rstd[r] = rsqrt_acc(lanes_sum<LANES>(rstd[r]) * inv_n + A(p.eps));
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (p.rms) mean[r] = 0;
+      if (l == 0 && live(r)) {
+        const int64_t row = row0 + r * SLOTS;
+        if (p.mean) static_cast<A*>(p.mean)[row] = mean[r];
+        if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd[r];
+      }
+    }
+
+    // y = (x - mean) * rstd * w + b, as x * rstd + (-mean * rstd) (one FMA, as
+    // in fwd_kernel.cuh); one loop per weight / bias combination.
+    const W* __restrict__ wg = static_cast<const W*>(p.w);
+    const W* __restrict__ bg = static_cast<const W*>(p.b);
+    T* __restrict__ yrow = static_cast<T*>(p.y) + row0 * p.cols;
+    const int64_t ystep = SLOTS * p.cols;
+    auto write_rows = [&](auto has_w, auto has_b) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (col(i) >= n) continue;
+        Frag<W, VEC> w, b;
+        if constexpr (has_w()) w.load(wg + col(i));
+        if constexpr (has_b()) b.load(bg + col(i));
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (!live(r)) continue;
+          const A shift = -mean[r] * rstd[r];
+          A y[VEC];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const A xh = x[r][i].get(k) * rstd[r] + shift;
+            if constexpr (has_w() && has_b())
+              y[k] = xh * w.get(k) + b.get(k);
+            else if constexpr (has_w())
+              y[k] = xh * w.get(k);
+            else if constexpr (has_b())
+              y[k] = xh + b.get(k);
+            else
+              y[k] = xh;
+          }
+          store_vec(yrow + r * ystep + col(i), y);
+        }
+      }
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (wg) {
+      if (bg)
+        write_rows(Yes{}, Yes{});
+      else
+        write_rows(Yes{}, No{});
+    } else {
+      if (bg)
+        write_rows(No{}, Yes{});
+      else
+        write_rows(No{}, No{});
+    }
+  }
+}
+
+}  // namespace fln::cuda
