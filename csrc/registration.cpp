@@ -28,6 +28,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CPU, m) {
   m.impl("layer_norm_bwd", &layer_norm_bwd<kCpuBackend>);
   m.impl("rms_norm_fwd", &rms_norm_fwd<kCpuBackend>);
   m.impl("rms_norm_bwd", &rms_norm_bwd<kCpuBackend>);
+  m.impl("layer_norm", &layer_norm_y<kCpuBackend>);
+  m.impl("rms_norm", &rms_norm_y<kCpuBackend>);
 }
 
 #ifdef FLN_WITH_CUDA
@@ -36,6 +38,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CUDA, m) {
   m.impl("layer_norm_bwd", &layer_norm_bwd<kCudaBackend>);
   m.impl("rms_norm_fwd", &rms_norm_fwd<kCudaBackend>);
   m.impl("rms_norm_bwd", &rms_norm_bwd<kCudaBackend>);
+  m.impl("layer_norm", &layer_norm_y<kCudaBackend>);
+  m.impl("rms_norm", &rms_norm_y<kCudaBackend>);
 }
 #endif
 
@@ -58,6 +62,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, Autograd, m) {
     m.impl(op, torch::autograd::autogradNotImplementedFallback());
 }
 
+// Other backends (Meta: fake tensors under torch.compile) take the forward
+// op's y.
 TORCH_LIBRARY_IMPL(fused_layernorm, CompositeExplicitAutograd, m) {
   m.impl("layer_norm", &layer_norm_composite);
   m.impl("rms_norm", &rms_norm_composite);

@@ -41,6 +41,11 @@ const auto& ln_bwd_op() { static auto op = find_op<LnBwdSig>("fused_layernorm::l
 const auto& rms_fwd_op() { static auto op = find_op<RmsFwdSig>("fused_layernorm::rms_norm_fwd"); return op; }
 const auto& rms_bwd_op() { static auto op = find_op<RmsBwdSig>("fused_layernorm::rms_norm_bwd"); return op; }
 
+using LnSig = Tensor(const Tensor&, at::IntArrayRef, const OptTensor&, const OptTensor&, double);
+using RmsSig = Tensor(const Tensor&, at::IntArrayRef, const OptTensor&, std::optional<double>);
+const auto& ln_op() { static auto op = find_op<LnSig>("fused_layernorm::layer_norm"); return op; }
+const auto& rms_op() { static auto op = find_op<RmsSig>("fused_layernorm::rms_norm"); return op; }
+
 OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
 // Calls the bwd op (`call`, on tensors already unpacked) below the Autograd
@@ -137,12 +142,15 @@ bool records_grad(const Tensor& input, const OptTensor& w, const OptTensor& b = 
 Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b,
                            double eps) {
   check_no_forward_grad("fused_layernorm::layer_norm", input, w, b);
+  if (!records_grad(input, w, b)) {  // y alone, below autograd: no statistics to keep
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ln_op().call(input, shape, w, b, eps);
+  }
   Tensor y, mean, rstd;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     std::tie(y, mean, rstd) = ln_fwd_op().call(input, shape, w, b, eps);
   }
-  if (!records_grad(input, w, b)) return y;
   auto node = make_node<LayerNormBackward>();
   node->set_next_edges(torch::autograd::collect_next_edges(input, w, b));
   node->saved[LayerNormBackward::kInput] = SavedVariable(input, false);
@@ -158,12 +166,15 @@ Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef shape, const Opt
 Tensor rms_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTensor& w,
                          std::optional<double> eps) {
   check_no_forward_grad("fused_layernorm::rms_norm", input, w, std::nullopt);
+  if (!records_grad(input, w)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return rms_op().call(input, shape, w, eps);
+  }
   Tensor y, rstd;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     std::tie(y, rstd) = rms_fwd_op().call(input, shape, w, eps);
   }
-  if (!records_grad(input, w)) return y;
   auto node = make_node<RMSNormBackward>();
   node->set_next_edges(torch::autograd::collect_next_edges(input, w));
   node->saved[RMSNormBackward::kInput] = SavedVariable(input, false);
@@ -178,15 +189,11 @@ Tensor rms_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTe
 // dispatcher (every key, autograd included), without the boxed torch.ops call.
 Tensor layer_norm_call(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b,
                        double eps) {
-  static const auto op = find_op<Tensor(const Tensor&, at::IntArrayRef, const OptTensor&, const OptTensor&, double)>(
-      "fused_layernorm::layer_norm");
-  return op.call(input, shape, w, b, eps);
+  return ln_op().call(input, shape, w, b, eps);
 }
 
 Tensor rms_norm_call(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, std::optional<double> eps) {
-  static const auto op = find_op<Tensor(const Tensor&, at::IntArrayRef, const OptTensor&, std::optional<double>)>(
-      "fused_layernorm::rms_norm");
-  return op.call(input, shape, w, eps);
+  return rms_op().call(input, shape, w, eps);
 }
 
 Tensor layer_norm_composite(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b,

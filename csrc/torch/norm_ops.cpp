@@ -43,7 +43,7 @@ double rms_eps(const Tensor& input, std::optional<double> eps) {
 
 std::tuple<Tensor, Tensor, Tensor> norm_fwd(const Backend& be, const char* op, const Tensor& input,
                                             at::IntArrayRef normalized_shape, const OptTensor& weight,
-                                            const OptTensor& bias, double eps, bool rms) {
+                                            const OptTensor& bias, double eps, bool rms, bool stats) {
   const at::ScalarType wt = check_norm_args(op, input, normalized_shape, weight, bias);
   const int64_t cols = product(normalized_shape), rows = input.numel() / cols;
   const auto lead = input.sizes().slice(0, input.dim() - int64_t(normalized_shape.size()));
@@ -51,8 +51,8 @@ std::tuple<Tensor, Tensor, Tensor> norm_fwd(const Backend& be, const char* op, c
   const Rows x = rows_view(input, rows, cols);
   Tensor w = contiguous_param(weight), b = contiguous_param(bias);
   Tensor y = at::empty(input.sizes(), input.options().memory_format(at::MemoryFormat::Contiguous));
-  Tensor mean = rms ? Tensor() : at::empty(lead, stats_opts);
-  Tensor rstd = at::empty(lead, stats_opts);
+  Tensor mean = rms || !stats ? Tensor() : at::empty(lead, stats_opts);
+  Tensor rstd = stats ? at::empty(lead, stats_opts) : Tensor();
   if (rows == 0) return {y, mean, rstd};
   FwdParams p;
   p.rows = rows;
@@ -62,8 +62,8 @@ std::tuple<Tensor, Tensor, Tensor> norm_fwd(const Backend& be, const char* op, c
   p.w = opt_ptr(w);
   p.b = opt_ptr(b);
   p.y = y.mutable_data_ptr();
-  p.mean = rms ? nullptr : mean.mutable_data_ptr();
-  p.rstd = rstd.mutable_data_ptr();
+  p.mean = mean.defined() ? mean.mutable_data_ptr() : nullptr;
+  p.rstd = rstd.defined() ? rstd.mutable_data_ptr() : nullptr;
   p.eps = eps;
   p.rms = rms;
   be.fwd(p, input.scalar_type(), wt, input);

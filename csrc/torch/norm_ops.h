@@ -26,10 +26,11 @@ extern const Backend kCpuBackend;
 extern const Backend kCudaBackend;
 #endif
 
-// (y, mean, rstd); mean is undefined for RMSNorm.
+// (y, mean, rstd); mean is undefined for RMSNorm, and both are without
+// `stats` (the kernels then neither compute nor store them).
 std::tuple<Tensor, Tensor, Tensor> norm_fwd(const Backend& be, const char* op, const Tensor& input,
                                             at::IntArrayRef normalized_shape, const OptTensor& weight,
-                                            const OptTensor& bias, double eps, bool rms);
+                                            const OptTensor& bias, double eps, bool rms, bool stats = true);
 
 // (dx, dweight, dbias); each undefined when not requested or not applicable.
 std::tuple<Tensor, Tensor, Tensor> norm_bwd(const Backend& be, const char* op, const Tensor& grad_out,
@@ -69,6 +70,20 @@ std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const Tensor& input, a
   return {dx, dw};
 }
 
+// The differentiable ops below autograd on a backend, where autograd records
+// nothing (no_grad, inference, no input requiring grad): y alone, without
+// the statistics a backward would need.
+template <const Backend& Be>
+Tensor layer_norm_y(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b, double eps) {
+  return std::get<0>(norm_fwd(Be, "fused_layernorm.layer_norm", input, shape, w, b, eps, false, false));
+}
+
+template <const Backend& Be>
+Tensor rms_norm_y(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, std::optional<double> eps) {
+  return std::get<0>(
+      norm_fwd(Be, "fused_layernorm.rms_norm", input, shape, w, std::nullopt, rms_eps(input, eps), true, false));
+}
+
 // Meta (fake-tensor) kernels: the same checks and output shapes, no data.
 std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_meta(const Tensor& input, at::IntArrayRef shape,
                                                        const OptTensor& w, const OptTensor& b, double eps);
@@ -80,8 +95,9 @@ std::tuple<Tensor, Tensor> rms_norm_fwd_meta(const Tensor& input, at::IntArrayRe
 std::tuple<Tensor, Tensor> rms_norm_bwd_meta(const Tensor& dy, const Tensor& input, at::IntArrayRef shape,
                                              const Tensor& rstd, const OptTensor& w, std::array<bool, 2> mask);
 
-// The differentiable ops: autograd (a C++ backward node) and the plain
-// composite used below autograd (inference mode, meta).
+// The differentiable ops: autograd (a C++ backward node, or below autograd
+// to layer_norm_y / rms_norm_y where nothing is recorded) and the composite
+// that other backends (meta) take below autograd.
 Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b,
                            double eps);
 Tensor rms_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTensor& w, std::optional<double> eps);

@@ -1,6 +1,7 @@
 """Contract of the raw registered ops torch.ops.fused_layernorm.{layer_norm,rms_norm}_{fwd,bwd}:
 statistics outputs (shape, dtype, values), output_mask semantics of the
 backward ops, and agreement of the raw backward with the reference."""
+import contextlib
 import itertools
 
 import pytest
@@ -105,17 +106,36 @@ def test_rms_norm_bwd_output_mask(mask, weight, device, seed):
         assert dw is None
 
 
+GRAD_MODES = ["record", "no_grad", "inference_mode", "no_input_requires_grad"]
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("kind", ["ln", "rms"])
-def test_differentiable_op_matches_fwd_op(kind, device, seed):
-    """The differentiable ops return the same y as the fwd ops (bitwise)."""
-    inp = make_inputs(kind, (9, 300), (300,), torch.float32, device, generator(seed))
-    if kind == "ln":
-        y = ops.layer_norm(inp.x, [300], inp.weight, inp.bias, inp.eps)
-        y_fwd = ops.layer_norm_fwd(inp.x, [300], inp.weight, inp.bias, inp.eps)[0]
-    else:
-        y = ops.rms_norm(inp.x, [300], inp.weight, inp.eps)
-        y_fwd = ops.rms_norm_fwd(inp.x, [300], inp.weight, inp.eps)[0]
-    assert torch.equal(y, y_fwd)
+@pytest.mark.parametrize("dtype,hidden", [(torch.float32, 300), (torch.bfloat16, 4096), (torch.float64, 140000)],
+                         ids=["fp32-300", "bf16-4096", "fp64-140000"])
+def test_differentiable_op_matches_fwd_op(kind, mode, dtype, hidden, device, seed):
+    """The differentiable ops return the same y as the fwd ops (bitwise),
+    whether autograd records (the fwd op and its statistics) or not (y alone,
+    no statistics stored: CUDA's short-row kernel at 300, a one-CTA row at
+    4096, the three-kernel split path of fp64 140000, which keeps its
+    statistics in scratch memory)."""
+    inp = make_inputs(kind, (3, hidden), (hidden,), dtype, device, generator(seed))
+    for t in (inp.x, inp.weight, inp.bias):
+        if t is not None:
+            t.requires_grad_(mode != "no_input_requires_grad")
+    ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode, contextlib.nullcontext)
+    with ctx():
+        if kind == "ln":
+            y = ops.layer_norm(inp.x, [hidden], inp.weight, inp.bias, inp.eps)
+        else:
+            y = ops.rms_norm(inp.x, [hidden], inp.weight, inp.eps)
+    assert y.requires_grad == (mode == "record")
+    with torch.no_grad():
+        if kind == "ln":
+            y_fwd = ops.layer_norm_fwd(inp.x, [hidden], inp.weight, inp.bias, inp.eps)[0]
+        else:
+            y_fwd = ops.rms_norm_fwd(inp.x, [hidden], inp.weight, inp.eps)[0]
+    assert torch.equal(y.detach(), y_fwd)
 
 
 def test_fused_wrappers_normalise_last_dim(device, seed):

@@ -320,20 +320,29 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
                     RowLayout{pl.tpr, pl.csize}, A(1.0 / double(p.cols)));
     }
   }
-  // Split path (also when a cluster plan finds no room on the device).
+  // Split path (also when a cluster plan finds no room on the device).  Its
+  // kernels pass the statistics on through memory: scratch where the caller
+  // asked for none.
+  FwdParams q = p;
+  if (q.rstd == nullptr || (!q.rms && q.mean == nullptr)) {
+    auto* st = static_cast<A*>(ws.alloc(ws.ctx, 2 * size_t(p.rows) * sizeof(A)));
+    if (st == nullptr) return cudaErrorMemoryAllocation;
+    if (!q.rms && q.mean == nullptr) q.mean = st;
+    if (q.rstd == nullptr) q.rstd = st + p.rows;
+  }
   const SplitShape s = split_shape(p.rows, p.cols, pl.vec);
   constexpr int V = 16 / sizeof(DT);
   auto* part = static_cast<acc2_t<A>*>(ws.alloc(ws.ctx, size_t(p.rows) * s.nchunks * sizeof(acc2_t<A>)));
   if (part == nullptr) return cudaErrorMemoryAllocation;
   const dim3 grid(unsigned(s.nchunks), unsigned(s.grid_rows)), block(kSplitThreads);
-  cudaError_t e = s.vec > 1 ? launch(&fwd_split_stats_kernel<DT, V>, grid, block, 0, 1, stream, p, s.nchunks, part)
-                            : launch(&fwd_split_stats_kernel<DT, 1>, grid, block, 0, 1, stream, p, s.nchunks, part);
+  cudaError_t e = s.vec > 1 ? launch(&fwd_split_stats_kernel<DT, V>, grid, block, 0, 1, stream, q, s.nchunks, part)
+                            : launch(&fwd_split_stats_kernel<DT, 1>, grid, block, 0, 1, stream, q, s.nchunks, part);
   if (e == cudaSuccess)
-    e = launch(&fwd_split_rowstat_kernel<A>, dim3(unsigned((p.rows + 255) / 256)), dim3(256), 0, 1, stream, p,
+    e = launch(&fwd_split_rowstat_kernel<A>, dim3(unsigned((p.rows + 255) / 256)), dim3(256), 0, 1, stream, q,
                (const acc2_t<A>*)part, s.nchunks, int64_t(kSplitThreads) * s.vec);
   if (e == cudaSuccess)
-    e = s.vec > 1 ? launch(&fwd_split_apply_kernel<DT, DW, V>, grid, block, 0, 1, stream, p)
-                  : launch(&fwd_split_apply_kernel<DT, DW, 1>, grid, block, 0, 1, stream, p);
+    e = s.vec > 1 ? launch(&fwd_split_apply_kernel<DT, DW, V>, grid, block, 0, 1, stream, q)
+                  : launch(&fwd_split_apply_kernel<DT, DW, 1>, grid, block, 0, 1, stream, q);
   return e;
 }
 
