@@ -115,8 +115,8 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
     auto publish = [&](int64_t j) {
       const int b = int(j % NB);
       mbar_wait(smem_addr(&sums_ready[b]), uint32_t(j / NB) & 1u);
-      const A c0 = butterfly_sum16(lane % 16 < nwarps ? warp_sums[b][lane % 16][0] : A(0));
-      const A c1 = butterfly_sum16(lane % 16 < nwarps ? warp_sums[b][lane % 16][1] : A(0));
+      const A c0 = butterfly_sum<16>(lane % 16 < nwarps ? warp_sums[b][lane % 16][0] : A(0));
+      const A c1 = butterfly_sum<16>(lane % 16 < nwarps ? warp_sums[b][lane % 16][1] : A(0));
       const unsigned long long tag = (unsigned long long)(j + 1) << 32;
       if (lane == 0)
         st_relaxed_gpu_v2(&slots[(j % kGroupXchgBufs * G + rank) * 2], tag | __float_as_uint(c0),

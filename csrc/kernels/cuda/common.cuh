@@ -367,15 +367,16 @@ struct ReduceSmem {
 // identical in every thread, every CTA of the cluster and every run.
 static_assert(kMaxCtaThreads <= 512, "RowReducer's butterflies span at most 16 warps");
 
-// Sum over each aligned group of 16 lanes by xor butterfly: both partners
-// of a step add the same two values, so every lane of the group ends with
-// the same bits.  Callers give the lanes past their n <= 16 values zeros,
-// which leave the sum's bits as they are; the steps run unconditionally
-// (no branch per step: v7c).
-template <typename A>
-__device__ __forceinline__ A butterfly_sum16(A t) {
+// Sum over each aligned group of LANES lanes (a power of two up to 32) by
+// xor butterfly: both partners of a step add the same two values, so every
+// lane of the group ends with the same bits.  Callers give the lanes past
+// their values zeros, which leave the sum's bits as they are; the steps run
+// unconditionally (no branch per step: v7c).
+template <int LANES, typename A>
+__device__ __forceinline__ A butterfly_sum(A t) {
+  static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "lanes of one warp, a power of two");
 #pragma unroll
-  for (int off = 8; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
+  for (int off = LANES / 2; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
   return t;
 }
 
@@ -427,7 +428,7 @@ struct RowReducer {
       const int src = lane & 15;
 #pragma unroll
       for (int k = 0; k < K; ++k)
-        v[k] = butterfly_sum16(src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : A(0));
+        v[k] = butterfly_sum<16>(src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : A(0));
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (kCluster && csize > 1) {  // one row per CTA: every thread holds the CTA's sums
@@ -444,7 +445,7 @@ struct RowReducer {
       // Lane r reads CTA r's sum, then the same butterfly as above.
       const int src = threadIdx.x % 16;
 #pragma unroll
-      for (int k = 0; k < K; ++k) v[k] = butterfly_sum16(src < csize ? s.cta[b][src][k] : A(0));
+      for (int k = 0; k < K; ++k) v[k] = butterfly_sum<16>(src < csize ? s.cta[b][src][k] : A(0));
     }
 #endif
     ++count;

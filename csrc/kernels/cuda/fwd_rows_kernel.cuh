@@ -26,13 +26,6 @@ namespace fln::cuda {
 constexpr int kRowsAccesses = 4;
 constexpr int kRowsCtaThreads = 128;
 
-template <int LANES, typename A>
-__device__ __forceinline__ A lanes_sum(A v) {
-#pragma unroll
-  for (int off = LANES / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
 template <typename T, typename W, int VEC, int NV, int LANES>
 __global__ void __launch_bounds__(kRowsCtaThreads, sizeof(W) > sizeof(T) ? 6 : 8) norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
   static_assert(VEC * sizeof(T) == 16 && kRowsAccesses % NV == 0 && LANES <= 32 && (LANES & (LANES - 1)) == 0,
@@ -82,7 +75,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads, sizeof(W) > sizeof(T) ? 6 : 8
         mean[r] = s;
       }
 #pragma unroll
-      for (int r = 0; r < R; ++r) mean[r] = lanes_sum<LANES>(mean[r]) * inv_n;
+      for (int r = 0; r < R; ++r) mean[r] = butterfly_sum<LANES>(mean[r]) * inv_n;
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -99,7 +92,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads, sizeof(W) > sizeof(T) ? 6 : 8
       rstd[r] = q;
     }
 #pragma unroll
-    for (int r = 0; r < R; ++r) rstd[r] = rsqrt_acc(lanes_sum<LANES>(rstd[r]) * inv_n + A(p.eps));
+    for (int r = 0; r < R; ++r) rstd[r] = rsqrt_acc(butterfly_sum<LANES>(rstd[r]) * inv_n + A(p.eps));
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (p.rms) mean[r] = 0;
