@@ -254,13 +254,16 @@ std::pair<GroupKernelFn, GroupKernelShape> bwd_group_kernel_for() {
   return {&norm_bwd_group_kernel<DT, DW, NV, k.stages, k.lag>, k};
 }
 
+// How many of weight and bias the forward reads (the weight cache's arrays).
+inline int fwd_w_arrays(const FwdParams& p) { return (p.w ? 1 : 0) + (p.b ? 1 : 0); }
+
 template <typename T, typename W>
 Plan fwd_plan(const FwdParams& p, const DeviceInfo& dev) {
   using DT = device_t<T>;
   using DW = device_t<W>;
   const int w_bytes = (p.w || p.b) ? int(sizeof(DW)) : 0;
   return make_plan(p.rows, p.cols, sizeof(DT), sizeof(dacc_t<DT>), fwd_vec_ok<DT, DW>(p), false, dev, w_bytes,
-                   (p.w ? 1 : 0) + (p.b ? 1 : 0));
+                   fwd_w_arrays(p));
 }
 
 // Split path shape: chunks of kSplitThreads accesses; rows of the grid.
@@ -296,7 +299,6 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   using A = dacc_t<DT>;
   if (p.rows == 0) return cudaSuccess;
   const Plan pl = fwd_plan<T, W>(p, dev);
-  const int w_arrays = (p.w ? 1 : 0) + (p.b ? 1 : 0);
   if (pl.short_rows) {
     const int64_t groups = pl.groups < INT32_MAX ? pl.groups : INT32_MAX;  // the kernel strides past that
     return launch(fwd_rows_kernel_for<DT, DW>(pl), dim3(unsigned(groups)), dim3(pl.cta_threads), 0, 1, stream, p,
@@ -307,9 +309,9 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
     // Register clusters run a persistent grid (each walks many rows); plain
     // CTAs and rows in shared memory one CTA (or cluster) per row group
     // (persistent plain grids lost on H200, twice: v3a, v4h).
+    const int64_t cache = wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW), fwd_w_arrays(p));
     const size_t smem = pl.x_smem     ? size_t(x_smem_bytes(pl.cta_threads, pl.nv))
-                        : pl.cache_wb ? size_t(wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW), w_arrays) +
-                                               (pl.stage_x ? x_smem_bytes(pl.cta_threads, pl.nv) : 0))
+                        : pl.cache_wb ? size_t(cache + (pl.stage_x ? x_smem_bytes(pl.cta_threads, pl.nv) : 0))
                                       : 0;
     int64_t groups = pl.groups < INT32_MAX / pl.csize ? pl.groups : INT32_MAX / pl.csize;
     const bool persistent = pl.csize > 1 && !pl.x_smem;
