@@ -48,6 +48,26 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     return;
   }
   EXPECT_EQ(p.csize & (p.csize - 1), 0);  // row_coords divides by csize with a shift
+  // Forward rows of 16-80 KB (16-byte accesses of 2- and 4-byte types, sm_90+)
+  // are re-read, unless one CTA of registers keeps a full SM of bytes in flight.
+  const XSmemTuning xs;
+  const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays);
+  const bool full_cta = r.csize == 1 && register_inflight(r, cols, elem) >= xs.max_inflight;
+  const bool reread_row = !bwd && vec_ok && cc >= 9 && elem <= 4 && cols * elem >= xs.min_row_bytes &&
+                          cols * elem <= kRereadMaxRow;
+  EXPECT_EQ(p.reread, reread_row && r.registers && !full_cta);
+  if (p.reread) {  // fwd_reread_kernel.cuh: one CTA of whole warps a row
+    EXPECT_EQ(p.csize, 1);
+    EXPECT_EQ(p.tpr, p.cta_threads);
+    EXPECT_EQ(p.cta_threads % 32, 0);
+    EXPECT_LE(p.cta_threads, kRereadCta);
+    if (p.cta_threads < kRereadCta) {  // kRereadAccesses a thread, no idle warp
+      EXPECT_LE(p.nv, kRereadAccesses);
+      EXPECT_LT(int64_t(p.cta_threads - 32) * kRereadAccesses * p.vec, cols);
+    }
+    EXPECT_EQ(p.groups, 1000);
+    return;
+  }
   if (p.short_rows) {  // forward rows of one warp at most (fwd_rows_kernel.cuh)
     EXPECT_FALSE(bwd);
     EXPECT_TRUE(vec_ok);
@@ -65,7 +85,6 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
   }
   EXPECT_GT(cols * elem, (bwd || !vec_ok) ? 0 : 32 * kShortRowAccesses * 16);  // longer rows only
   if (p.x_smem) {  // row in shared memory: forward, 16-byte accesses, one row per CTA
-    const XSmemTuning xs;
     EXPECT_FALSE(bwd);
     EXPECT_TRUE(vec_ok);
     EXPECT_GE(cols * elem, xs.min_row_bytes);
@@ -83,7 +102,6 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     EXPECT_EQ(p.groups, 1000);
     // Only where registers would keep too little in flight, or the row fits
     // one CTA and (with clusters) its weight and bias come to at most its bytes.
-    const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays);
     const bool one_cta = cols * elem > xs.one_cta_min_row && cols * elem <= xs.slice_bytes &&
                          (cc < 9 || w_arrays <= 1);
     if (one_cta)
@@ -172,64 +190,76 @@ TEST(LaunchPlan, BenchmarkSizesUseRegistersOnHopper) {
   EXPECT_FALSE(make_plan(512, 262144, 2, 4, true, true, dev).registers);
 }
 
-TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {
+TEST(LaunchPlan, RowsOf16To80KbAreReread) {
   DeviceInfo dev;
   dev.cc_major = 9;
-  // bf16 12288: registers would run 384-thread CTAs, two per SM (48 KB in
-  // flight); shared memory holds the row, 192 threads with 8 accesses each.
+  // bf16 12288 (24 KB): one CTA of 384 threads, 4 accesses each.
   const Plan a = make_plan(1 << 14, 12288, 2, 4, true, false, dev, 2);
+  EXPECT_TRUE(a.reread);
+  EXPECT_EQ(a.cta_threads, 384);
+  EXPECT_EQ(a.nv, 4);
+  // bf16 24576 (48 KB): 768 threads; 32768 (64 KB, LN or RMS): 1024; 40960
+  // (80 KB): 1024 threads of 5 accesses.
+  EXPECT_EQ(make_plan(1 << 12, 24576, 2, 4, true, false, dev, 2).cta_threads, 768);
+  for (int w_arrays : {0, 1, 2}) {
+    const Plan b = make_plan(1 << 12, 32768, 2, 4, true, false, dev, 2, w_arrays);
+    EXPECT_TRUE(b.reread);
+    EXPECT_EQ(b.cta_threads, 1024);
+    EXPECT_EQ(b.nv, 4);
+  }
+  const Plan c = make_plan(1 << 11, 40960, 2, 4, true, false, dev, 2);
+  EXPECT_TRUE(c.reread);
+  EXPECT_EQ(c.cta_threads, 1024);
+  EXPECT_EQ(c.nv, 5);
+  // fp32 12288, 16384 and 20480, and 16-bit x with fp32 weight and bias.
+  for (int64_t cols : {12288, 16384, 20480}) EXPECT_TRUE(make_plan(1 << 12, cols, 4, 4, true, false, dev, 4).reread);
+  EXPECT_TRUE(make_plan(1 << 12, 24576, 2, 4, true, false, dev, 4, 2).reread);
+  // Kept in one CTA of registers, 64 KB in flight an SM: bf16 8192 and
+  // 16384, fp32 4096 and 8192.
+  for (int64_t cols : {8192, 16384}) {
+    const Plan r = make_plan(1 << 13, cols, 2, 4, true, false, dev, 2);
+    EXPECT_FALSE(r.reread || r.x_smem);
+    EXPECT_EQ(r.csize, 1);
+    EXPECT_FALSE(make_plan(1 << 13, cols / 2, 4, 4, true, false, dev, 4).reread);
+  }
+  // Rows under 16 KB (bf16 7168, fp32 3072), past 80 KB (bf16 49152: a
+  // staged cluster; without weight and bias a 2-CTA shared-memory cluster),
+  // fp64, unaligned rows, the backward, and sm_80.
+  EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, dev, 2).reread);
+  EXPECT_FALSE(make_plan(1 << 15, 3072, 4, 4, true, false, dev, 4).reread);
+  const Plan d = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 2);
+  EXPECT_FALSE(d.reread);
+  EXPECT_TRUE(d.stage_x);
+  EXPECT_EQ(d.csize, 4);
+  const Plan d0 = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 0, 0);
+  EXPECT_TRUE(d0.x_smem);
+  EXPECT_EQ(d0.csize, 2);
+  EXPECT_FALSE(make_plan(1 << 12, 4096, 8, 8, true, false, dev, 8).reread);
+  EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, false, false, dev, 2).reread);
+  EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, true, true, dev, 2).reread);
+  DeviceInfo a100;
+  a100.cc_major = 8;
+  EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, true, false, a100, 2).reread);
+}
+
+TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {
+  // sm_80 (no re-read plan, no clusters): bf16 12288 would run 384-thread
+  // register CTAs, two per SM (48 KB in flight); shared memory holds the
+  // row, 192 threads with 8 accesses each.
+  DeviceInfo a100;
+  a100.cc_major = 8;
+  const Plan a = make_plan(1 << 14, 12288, 2, 4, true, false, a100, 2);
   EXPECT_TRUE(a.x_smem);
   EXPECT_EQ(a.csize, 1);
   EXPECT_EQ(a.cta_threads, 192);
   EXPECT_EQ(a.nv, 8);
-  // bf16 24576 (48 KB) and 49152 (96 KB): register clusters that stage the
-  // next row keep twice their registers' 48 KB in flight, so they stay.
-  const Plan b = make_plan(1 << 12, 24576, 2, 4, true, false, dev, 2);
-  EXPECT_FALSE(b.x_smem);
-  EXPECT_TRUE(b.stage_x);
-  EXPECT_EQ(b.csize, 2);
-  EXPECT_EQ(b.cta_threads, 384);
-  const Plan d = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 2);
-  EXPECT_FALSE(d.x_smem);
-  EXPECT_TRUE(d.stage_x);
-  EXPECT_EQ(d.csize, 4);
-  // Without weight and bias there is no cache to stage beside: 49152 in
-  // shared memory, a 2-CTA cluster.
-  const Plan d0 = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 0, 0);
-  EXPECT_TRUE(d0.x_smem);
-  EXPECT_EQ(d0.csize, 2);
-  // Rows of 32-64 KB whose weight (and bias) come to at most the row's bytes
-  // take one CTA: RMSNorm's bf16 32768 and fp32 16384, LayerNorm's without
-  // weight and bias.
-  const Plan e = make_plan(1 << 12, 32768, 2, 4, true, false, dev, 2, 1);
-  EXPECT_TRUE(e.x_smem);
-  EXPECT_EQ(e.csize, 1);
-  EXPECT_EQ(e.cta_threads, 512);
-  EXPECT_TRUE(make_plan(1 << 13, 16384, 4, 4, true, false, dev, 4, 1).x_smem);
-  EXPECT_TRUE(make_plan(1 << 13, 16384, 4, 4, true, false, dev, 0, 0).x_smem);
-  EXPECT_FALSE(make_plan(1 << 12, 32768, 2, 4, true, false, dev, 4, 1).x_smem);  // fp32 weight: 128 KB
-  // Kept in registers (LayerNorm, weight and bias): bf16 16384 and 32768
-  // (64 KB in flight), fp32 12288, 16384 and 32768 (128 bytes a thread), rows
-  // under 16 KB (bf16 7168, fp32 3072), unaligned rows, the backward.
-  EXPECT_FALSE(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 2).x_smem);
-  EXPECT_FALSE(make_plan(1 << 12, 32768, 2, 4, true, false, dev, 2).x_smem);
-  EXPECT_FALSE(make_plan(1 << 14, 12288, 4, 4, true, false, dev, 4).x_smem);
-  EXPECT_FALSE(make_plan(1 << 13, 16384, 4, 4, true, false, dev, 4).x_smem);
-  EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, dev, 2).x_smem);
-  EXPECT_FALSE(make_plan(1 << 15, 3072, 4, 4, true, false, dev, 4).x_smem);
-  EXPECT_FALSE(make_plan(1 << 16, 2560, 2, 4, true, false, dev, 2).x_smem);
-  EXPECT_FALSE(make_plan(1 << 12, 32768, 4, 4, true, false, dev, 4).x_smem);
-  EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, false, false, dev, 2).x_smem);
-  EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, true, true, dev, 2).x_smem);
-  // sm_80: no clusters, so only rows that fit one CTA.
-  DeviceInfo a100;
-  a100.cc_major = 8;
-  EXPECT_TRUE(make_plan(1 << 14, 12288, 2, 4, true, false, a100, 2).x_smem);
   // Rows of 32-64 KB take one CTA there whatever the register plan: fp32 16384 (64 KB).
   const Plan c = make_plan(1 << 13, 16384, 4, 4, true, false, a100, 4);
   EXPECT_TRUE(c.x_smem);
   EXPECT_EQ(c.cta_threads, 512);
   EXPECT_FALSE(make_plan(1 << 11, 49152, 2, 4, true, false, a100, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, a100, 2).x_smem);
+  EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, true, true, a100, 2).x_smem);
 }
 
 TEST(LaunchPlan, LongRowsTakeFewerCtas) {
@@ -260,7 +290,7 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   // ... and 64 bytes where the 128-byte cluster's cache leaves no room for
   // the next row (20480: 2 CTAs of 320 with 80 KB of cache; 64 bytes: 4
   // CTAs that stage), but 128 bytes where no weight is read.
-  const Plan k = make_plan(1 << 12, 20480, 4, 4, true, false, dev, 4);
+  const Plan k = register_plan(1 << 12, 20480, 4, 4, true, false, dev, 4);
   EXPECT_EQ(k.csize, 4);
   EXPECT_EQ(k.nv * k.vec * 4, 64);
   EXPECT_TRUE(k.stage_x);
@@ -275,11 +305,11 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   EXPECT_FALSE(r1.stage_x);  // the 128-byte threads have no staged kernel
   EXPECT_FALSE(make_plan(512, 262144, 4, 4, true, false, dev, 4, 2).cache_wb);
   // bf16 x with an fp32 weight, 24576: a 2-CTA cluster that caches the
-  // weight and stages the next row, not a one-CTA shared-memory row.
-  const Plan r2 = make_plan(1 << 12, 24576, 2, 4, true, false, dev, 4, 1);
+  // weight and stages the next row.
+  // (make_plan re-reads that row: RowsOf16To80KbAreReread.)
+  const Plan r2 = register_plan(1 << 12, 24576, 2, 4, true, false, dev, 4, 1);
   EXPECT_EQ(r2.csize, 2);
   EXPECT_TRUE(r2.stage_x);
-  EXPECT_TRUE(make_plan(1 << 12, 24576, 2, 4, true, false, dev, 4, 2).x_smem);
 }
 
 TEST(LaunchPlan, BackwardElementsPerThread) {

@@ -71,12 +71,25 @@ def test_sanitize_short_rows(kind, dtype, hidden, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [6144, 12288])
 def test_sanitize_staged_rows(kind, dtype, hidden, seed):
-    """Aligned rows through the cp.async paths, fwd + bwd: bf16 6144 and
-    12288 take the backward's two-row pipe (one CTA; a 2-CTA cluster), fp32
-    12288 a forward cluster that stages the next row and a staged backward
-    cluster, fp32 6144 the forward's shared-memory row.  301 rows give the
-    persistent CTAs several iterations and leave half of a last pair."""
+    """Aligned rows through the backward's cp.async paths, fwd + bwd: bf16
+    6144 and 12288 take the two-row pipe (one CTA; a 2-CTA cluster), fp32
+    12288 a staged cluster.  301 rows give the persistent CTAs several
+    iterations and leave half of a last pair."""
     check(make_inputs(kind, (301, hidden), (hidden,), dtype, "cuda", generator(seed)))
+
+
+@pytest.mark.sanitize
+@kinds
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 8200), (torch.bfloat16, 20488), (torch.bfloat16, 40960),
+                                          (torch.float32, 4104), (torch.float32, 10248), (torch.float32, 20480)],
+                         ids=["bf16-8200", "bf16-20488", "bf16-40960", "fp32-4104", "fp32-10248", "fp32-20480"])
+@pytest.mark.parametrize("offset", [0.0, 8.0])
+def test_sanitize_reread_rows(kind, dtype, hidden, offset, seed):
+    """The forward that reads its row twice (rows of 16-80 KB): CTAs from
+    288 threads (bf16 8200) to 1024 (bf16 40960, fp32 20480: 5 accesses a
+    thread, the last walk partial); rows of mean 8 (mean^2 > 8 var) take its
+    third walk.  37 rows, fwd + bwd."""
+    check(make_inputs(kind, (37, hidden), (hidden,), dtype, "cuda", generator(seed), scale=1.0, offset=offset))
 
 
 @pytest.mark.sanitize
@@ -90,11 +103,13 @@ def test_sanitize_row_groups(kind, seed):
 @pytest.mark.sanitize
 @kinds
 def test_sanitize_weight_only_cache(kind, seed):
-    """bf16 rows of 24576 with fp32 params: RMSNorm's 2-CTA clusters cache
-    the weight alone and stage the next row right after it (LayerNorm takes
-    a shared-memory row).  301 rows give each cluster several."""
-    check(make_inputs(kind, (301, 24576), (24576,), torch.bfloat16, "cuda", generator(seed),
-                      param_dtype=torch.float32))
+    """bf16 rows of 49152 with fp32 params: RMSNorm's clusters cache the
+    weight alone and stage the next row right after it; 24576 (48 KB) is
+    re-read, the weight and bias read as 32-byte fp32 accesses.  301 rows
+    give each cluster several."""
+    for hidden in (24576, 49152):
+        check(make_inputs(kind, (301, hidden), (hidden,), torch.bfloat16, "cuda", generator(seed),
+                          param_dtype=torch.float32))
 
 
 # --- misaligned pointers ----------------------------------------------------------
@@ -166,21 +181,23 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [24576, 65536])
 def test_long_rows_float32_params(kind, dtype, hidden, seed):
-    """16-bit rows with float32 weight (and bias) over many rows a cluster:
-    RMSNorm's clusters cache the weight alone (its cache is sized by the
-    arrays it holds) and stage the next row beside it; LayerNorm's weight and
-    bias take a row in shared memory (24576) or a cluster without the cache."""
+    """16-bit rows with float32 weight (and bias) over many rows: 24576 is
+    re-read (fwd_reread_kernel.cuh); at 65536 RMSNorm's clusters cache the
+    weight alone (the cache is sized by the arrays it holds) and stage the
+    next row beside it, and LayerNorm's weight and bias take a cluster
+    without the cache."""
     check(make_inputs(kind, (8 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),
                       param_dtype=torch.float32))
 
 
-@pytest.mark.parametrize("weight,bias", [(True, False), (False, True)])
+@pytest.mark.parametrize("weight,bias", [(True, False), (False, True), (False, False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [32768, 65536])
+@pytest.mark.parametrize("hidden", [32768, 49152, 65536])
 def test_layer_norm_one_affine_array_long_rows(weight, bias, dtype, hidden, seed):
     """LayerNorm with the weight or the bias alone in the forward's cluster
     cache, which holds just that array (the bias at the cache's start when
-    there is no weight) and stages the next row after it."""
+    there is no weight) and stages the next row after it; without either,
+    bf16 49152 keeps its row in shared memory (a 2-CTA cluster)."""
     check(make_inputs("ln", (8 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),
                       weight=weight, bias=bias))
 
@@ -228,11 +245,11 @@ def test_backward_row_groups_output_mask(mask, weight, seed):
 @pytest.mark.parametrize("hidden", [6144, 12288, 20480, 32768, 65536])
 @pytest.mark.parametrize("offset", [2.0, 8.0])
 def test_layer_norm_shared_memory_rows_off_zero(dtype, hidden, offset, seed):
-    """The forward kernels that take the row through shared memory shift
-    their sums by K = 0 (16-bit 12288 and fp32 6144: the row kept in shared
-    memory; 20480 and up, fp32 from 12288: clusters that stage the next row): rows
-    of mean 2 and std 1 keep the one-pass statistics, rows of mean 8 (mean^2
-    > 8 var) take the exact second pass; both must match."""
+    """The forward kernels that shift their sums by K = 0: rows re-read from
+    L1 (16-80 KB: 16-bit 12288-32768, fp32 6144-20480) and clusters that
+    stage the next row in shared memory (16-bit 65536, fp32 32768 and up):
+    rows of mean 2 and std 1 keep the one-pass statistics, rows of mean 8
+    (mean^2 > 8 var) take the exact pass; both must match."""
     check(make_inputs("ln", (4096 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),
                       scale=1.0, offset=offset))
 

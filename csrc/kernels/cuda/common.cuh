@@ -126,8 +126,10 @@ struct Frag<T, VEC, true> {
 // they load this way.  The caller guarantees 16-byte alignment.
 // - kNoAllocate: not kept in L1 (x or dy, read once), so that L1 stays with
 //   what is reused.
-// - kEvictLast: kept in L1 ahead of other lines (a weight every row reads).
-enum class L1Policy { kNoAllocate, kEvictLast };
+// - kEvictLast: kept in L1 ahead of other lines (a weight every row reads,
+//   or a row read again soon).
+// - kEvictFirst: the last read of a line kept by kEvictLast.
+enum class L1Policy { kNoAllocate, kEvictLast, kEvictFirst };
 
 template <L1Policy P, typename T, int VEC>
 __device__ __forceinline__ void load_l1(Frag<T, VEC>& f, const T* p) {
@@ -137,8 +139,12 @@ __device__ __forceinline__ void load_l1(Frag<T, VEC>& f, const T* p) {
       asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
           : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
           : "l"(p));
-    else
+    else if constexpr (P == L1Policy::kEvictLast)
       asm("ld.global.nc.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+          : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+          : "l"(p));
+    else
+      asm("ld.global.nc.L1::evict_first.v4.u32 {%0,%1,%2,%3}, [%4];\n"
           : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
           : "l"(p));
     memcpy(&f.r, &v, 16);

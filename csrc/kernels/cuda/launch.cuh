@@ -14,6 +14,7 @@
 #include "bwd_kernel.cuh"
 #include "bwd_split_kernels.cuh"
 #include "fwd_kernel.cuh"
+#include "fwd_reread_kernel.cuh"
 #include "fwd_rows_kernel.cuh"
 #include "fwd_split_kernels.cuh"
 #include "launch_plan.h"
@@ -22,6 +23,7 @@
 namespace fln::cuda {
 
 static_assert(kMaxCta == kMaxCtaThreads, "launch_plan.h and the kernels' launch bounds must agree");
+static_assert(kRereadCta == kRereadMaxThreads, "launch_plan.h and fwd_reread_kernel.cuh must agree on CTA size");
 static_assert(kMaxGroup == kMaxGroupCtas, "launch_plan.h and bwd_group_kernel.cuh must agree on row groups");
 static_assert(kShortRowAccesses == kRowsAccesses && kShortRowCta == kRowsCtaThreads,
               "launch_plan.h and fwd_rows_kernel.cuh must agree on short rows");
@@ -302,6 +304,12 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   if (pl.short_rows) {
     const int64_t groups = pl.groups < INT32_MAX ? pl.groups : INT32_MAX;  // the kernel strides past that
     return launch(fwd_rows_kernel_for<DT, DW>(pl), dim3(unsigned(groups)), dim3(pl.cta_threads), 0, 1, stream, p,
+                  A(1.0 / double(p.cols)));
+  }
+  if (pl.reread) {
+    constexpr int V = 16 / sizeof(DT);
+    const int64_t groups = pl.groups < INT32_MAX ? pl.groups : INT32_MAX;  // the kernel strides past that
+    return launch(&norm_fwd_reread_kernel<DT, DW, V>, dim3(unsigned(groups)), dim3(pl.cta_threads), 0, 1, stream, p,
                   A(1.0 / double(p.cols)));
   }
   if (use_register_kernel(pl, false)) {

@@ -1,0 +1,174 @@
+// Forward kernel that reads its row twice: one CTA a row walks it once for
+// the statistics, then again to write y.  The first walk reads x from DRAM
+// and keeps it in L1 (evict_last); the second reads it back from there
+// (evict_first), so DRAM still sees x once.  No copy of the row is held
+// across the reduction, so a thread needs few registers: kRereadMinCtas
+// CTAs of kRereadMaxThreads an SM (32 registers a thread, every warp slot
+// busy), and all their rows are in flight at once.  This is how
+// torch.compile's Triton kernels run RMSNorm at 7168-32768 and LayerNorm at
+// 16384 (looped reductions, 23-32 registers; docs/performance.md v18a).
+//
+// The rows of the CTAs on an SM must fit its L1 together with the weight
+// and bias, or the second walk goes to L2: the plan gives each thread a few
+// 16-byte accesses and the CTA as many threads as that takes.
+//
+// Statistics: sums of x and x^2 in one reduction, as the register kernels'
+// shifted sums with K = 0 (fwd_kernel.cuh), and a row whose mean^2 passes
+// kMaxShiftRatio * var, or whose var is not finite, takes a third walk for
+// sum((x - mean)^2).  Every sum adds in a fixed order: bitwise reproducible.
+#pragma once
+#include "common.cuh"
+#include "fwd_kernel.cuh"
+#include "../params.h"
+
+namespace fln::cuda {
+
+constexpr int kRereadMaxThreads = 1024;
+constexpr int kRereadMinCtas = 2;
+// 16-byte loads a thread issues together in the first walk, and in the
+// second (which also loads weight and bias; fp32 weights on 16-bit x take
+// twice the registers an access).
+constexpr int kRereadLoads = 4;
+template <typename T, typename W>
+constexpr int kRereadWriteLoads = sizeof(W) > sizeof(T) ? 1 : 2;
+
+// Sums of K values over a CTA of whole warps (at most 32), in a fixed
+// order; every thread gets the totals.  sm: two buffers of per-warp sums,
+// used in turn (parity), so the next sum's writes cannot race this one's reads.
+template <typename A, int K>
+__device__ __forceinline__ void cta_sum(A (&v)[K], A (&sm)[2][32][2], int& parity) {
+  static_assert(K <= 2, "two values a warp");
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, nw = int(blockDim.x) / 32;
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = butterfly_sum<32>(v[k]);
+  if (lane == 0)
+#pragma unroll
+    for (int k = 0; k < K; ++k) sm[parity][warp][k] = v[k];
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = butterfly_sum<32>(lane < nw ? sm[parity][lane][k] : A(0));
+  parity ^= 1;
+}
+
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(kRereadMaxThreads, kRereadMinCtas)
+norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
+  static_assert(VEC * sizeof(T) == 16, "16-byte accesses");
+  using A = dacc_t<T>;
+  __shared__ A sm[2][32][2];
+  int parity = 0;
+  const int nvec = int(p.cols / VEC);  // cols % VEC == 0 (launch_plan.h); a row has < 2^31 accesses
+  const int tid = int(threadIdx.x), nt = int(blockDim.x);
+  const W* __restrict__ wg = static_cast<const W*>(p.w);
+  const W* __restrict__ bg = static_cast<const W*>(p.b);
+  auto at = [](int c) { return int64_t(c) * VEC; };
+
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const T* __restrict__ xrow = static_cast<const T*>(p.x) + row * p.x_stride;
+    // One walk over the row for its sums, kRereadLoads accesses a thread at
+    // a time, each valid access handed to f; the lines stay in L1.
+    auto walk = [&](auto f) {
+      for (int j = tid; j < nvec; j += kRereadLoads * nt) {
+        Frag<T, VEC> xr[kRereadLoads];
+#pragma unroll
+        for (int u = 0; u < kRereadLoads; ++u) {
+          if (j + u * nt >= nvec) {
+            xr[u].zero();
+            continue;
+          }
+          load_l1<L1Policy::kEvictLast>(xr[u], xrow + at(j + u * nt));
+        }
+#pragma unroll
+        for (int u = 0; u < kRereadLoads; ++u)
+          if (j + u * nt < nvec) f(xr[u]);
+      }
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    A mean = 0, var = 0;
+    if (p.rms) {
+      A q = 0;
+      walk([&](const Frag<T, VEC>& x) {
+        A a = 0;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) a += x.get(k) * x.get(k);
+        q += a;
+      });
+      A v[1] = {q};
+      cta_sum(v, sm, parity);
+      var = v[0] * inv_n;
+    } else {
+      A s1 = 0, s2 = 0;
+      walk([&](const Frag<T, VEC>& x) {
+        A a = 0, b = 0;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          a += x.get(k);
+          b += x.get(k) * x.get(k);
+        }
+        s1 += a;
+        s2 += b;
+      });
+      A v[2] = {s1, s2};
+      cta_sum(v, sm, parity);
+      mean = v[0] * inv_n;
+      var = v[1] * inv_n - mean * mean;
+      // Identical in every thread of the CTA: the third walk is uniform.
+      if (!(mean * mean <= A(kMaxShiftRatio) * var && var < A(INFINITY))) {
+        A s3 = 0;
+        walk([&](const Frag<T, VEC>& x) {
+          A a = 0;
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) a += (x.get(k) - mean) * (x.get(k) - mean);
+          s3 += a;
+        });
+        A q[1] = {s3};
+        cta_sum(q, sm, parity);
+        var = q[0] * inv_n;
+      }
+    }
+    const A rstd = rsqrt_acc(var + A(p.eps));
+    if (tid == 0) {
+      if (p.mean) static_cast<A*>(p.mean)[row] = mean;
+      if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
+    }
+    // y = x * rstd + (-mean * rstd), then weight and bias (fwd_kernel.cuh);
+    // weight and bias of x's width stay in L1 for the SM's other rows.
+    const A shift = -mean * rstd;
+    T* __restrict__ yrow = static_cast<T*>(p.y) + row * p.cols;
+    auto write_row = [&](auto has_w, auto has_b) {
+      constexpr int U = kRereadWriteLoads<T, W>;
+      for (int j = tid; j < nvec; j += U * nt) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int c = j + u * nt;
+          if (c >= nvec) continue;
+          Frag<T, VEC> xi;
+          load_l1<L1Policy::kEvictFirst>(xi, xrow + at(c));
+          Frag<W, VEC> w, b;
+          if constexpr (has_w()) load_l1<L1Policy::kEvictLast>(w, wg + at(c));
+          if constexpr (has_b()) load_l1<L1Policy::kEvictLast>(b, bg + at(c));
+          A y[VEC];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const A xh = xi.get(k) * rstd + shift;
+            if constexpr (has_w() && has_b()) y[k] = xh * w.get(k) + b.get(k);
+            else if constexpr (has_w()) y[k] = xh * w.get(k);
+            else if constexpr (has_b()) y[k] = xh + b.get(k);
+            else y[k] = xh;
+          }
+          store_vec(yrow + at(c), y);
+        }
+      }
+    };
+    if (wg) {
+      if (bg) write_row(Yes{}, Yes{});
+      else write_row(Yes{}, No{});
+    } else {
+      if (bg) write_row(No{}, Yes{});
+      else write_row(No{}, No{});
+    }
+  }
+}
+
+}  // namespace fln::cuda
