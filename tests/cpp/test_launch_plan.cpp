@@ -48,12 +48,12 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     return;
   }
   EXPECT_EQ(p.csize & (p.csize - 1), 0);  // row_coords divides by csize with a shift
-  // Forward rows of 16-80 KB (16-byte accesses of 2- and 4-byte types, sm_90+)
+  // Forward rows of 16-80 KB (16-byte accesses of 2- and 4-byte types, sm_90)
   // are re-read, unless one CTA of registers keeps a full SM of bytes in flight.
   const XSmemTuning xs;
   const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays);
   const bool full_cta = r.csize == 1 && register_inflight(r, cols, elem) >= xs.max_inflight;
-  const bool reread_row = !bwd && vec_ok && cc >= 9 && elem <= 4 && cols * elem >= xs.min_row_bytes &&
+  const bool reread_row = !bwd && vec_ok && cc == 9 && elem <= 4 && cols * elem >= xs.min_row_bytes &&
                           cols * elem <= kRereadMaxRow;
   EXPECT_EQ(p.reread, reread_row && r.registers && !full_cta);
   if (p.reread) {  // fwd_reread_kernel.cuh: one CTA of whole warps a row
@@ -156,7 +156,7 @@ TEST(LaunchPlan, EveryHiddenSizeIsCovered) {
   for (int64_t cols = 1; cols <= 300000; cols += (cols < 2048 ? 1 : 997))
     for (int elem : {2, 4, 8})
       for (bool bwd : {false, true})
-        for (int cc : {8, 9}) {
+        for (int cc : {8, 9, 10}) {
           const int acc = elem == 8 ? 8 : 4;
           check_cover(cols, elem, acc, false, bwd, cc);
           if (cols % (16 / elem) == 0)
@@ -222,6 +222,15 @@ TEST(LaunchPlan, RowsOf16To80KbAreReread) {
     EXPECT_EQ(r.csize, 1);
     EXPECT_FALSE(make_plan(1 << 13, cols / 2, 4, 4, true, false, dev, 4).reread);
   }
+  // fp32 12288 and 16384 without weight and bias: one CTA of 128-byte
+  // register threads keeps 96-128 KB in flight, so the row stays in one CTA
+  // of shared memory (v18c).
+  for (int64_t cols : {12288, 16384}) {
+    const Plan n = make_plan(1 << 12, cols, 4, 4, true, false, dev, 0, 0);
+    EXPECT_FALSE(n.reread);
+    EXPECT_TRUE(n.x_smem);
+    EXPECT_EQ(n.csize, 1);
+  }
   // Rows under 16 KB (bf16 7168, fp32 3072), past 80 KB (bf16 49152: a
   // staged cluster; without weight and bias a 2-CTA shared-memory cluster),
   // fp64, unaligned rows, the backward, and sm_80.
@@ -240,6 +249,9 @@ TEST(LaunchPlan, RowsOf16To80KbAreReread) {
   DeviceInfo a100;
   a100.cc_major = 8;
   EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, true, false, a100, 2).reread);
+  DeviceInfo sm100;
+  sm100.cc_major = 10;
+  EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, true, false, sm100, 2).reread);
 }
 
 TEST(LaunchPlan, RowsInSharedMemoryWhereRegistersHoldTooLittle) {

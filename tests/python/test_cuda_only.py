@@ -146,9 +146,10 @@ def test_misaligned_pointers(kind, dtype, hidden, layout, seed):
 
 # --- hidden-size and row-count sweeps -------------------------------------------
 
-# 6144-49152 include rows held in shared memory (fp32 6144, bf16 12288) and
-# register clusters that stage the next row (bf16 24576 and 49152, fp32 from
-# 12288).
+# 4096-65536 include rows re-read from L1 (16-80 KB: fp32 6144, bf16 12288
+# and 24576, fp32 from 12288 to 16384; sm_90), one-CTA register rows (bf16
+# 16384) and register clusters that stage the next row (bf16 49152 and 65536,
+# fp32 from 24576).
 SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 1000, 1023, 1024, 1025, 4096, 5120, 6144, 7168, 8191, 12288,
                 14336, 16384, 24576, 32768, 49152, 65536, 65537, 131072, 262144]
 
@@ -170,8 +171,9 @@ def test_hidden_size_sweep(kind, dtype, hidden, seed):
 @pytest.mark.parametrize("hidden", [20480, 32768, 49152, 65536, 131072])
 def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     """Enough rows that each persistent cluster walks several, reusing its
-    weight/bias slice (cached in shared memory: 16-bit inputs, and fp32 from
-    20480).  The backward runs clusters of up to 16 CTAs of 16 elements a
+    weight/bias slice (cached in shared memory: 16-bit from 49152, fp32 from
+    32768; 16-bit 20480 and 32768 and fp32 20480 are re-read, one CTA a
+    row).  The backward runs clusters of up to 16 CTAs of 16 elements a
     thread: 16-bit 49152 and 65536 and fp32 65536 fill 8 with 384-512
     threads a CTA, 16-bit and fp32 131072 fill 16."""
     check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
@@ -194,10 +196,11 @@ def test_long_rows_float32_params(kind, dtype, hidden, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [32768, 49152, 65536])
 def test_layer_norm_one_affine_array_long_rows(weight, bias, dtype, hidden, seed):
-    """LayerNorm with the weight or the bias alone in the forward's cluster
-    cache, which holds just that array (the bias at the cache's start when
-    there is no weight) and stages the next row after it; without either,
-    bf16 49152 keeps its row in shared memory (a 2-CTA cluster)."""
+    """LayerNorm with the weight or the bias alone (or neither): from 49152
+    the forward's cluster cache holds just that array (the bias at the
+    cache's start when there is no weight) and stages the next row after
+    it, and without either bf16 49152 keeps its row in shared memory (a
+    2-CTA cluster); 32768 (bf16) is re-read, one CTA a row."""
     check(make_inputs("ln", (8 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),
                       weight=weight, bias=bias))
 
@@ -239,6 +242,17 @@ def test_backward_row_groups_output_mask(mask, weight, seed):
             assert_close(got, e, dtype=torch.bfloat16, slack=slack, what=name)
         else:
             assert got is None, name
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("hidden", [12288, 16384])
+def test_float32_rows_without_weight(kind, hidden, seed):
+    """fp32 rows of 48 and 64 KB without weight (and bias): one CTA of
+    128-byte register threads would keep 96-128 KB in flight an SM, so the
+    row is not re-read; it takes one CTA with the row in shared memory
+    (docs/performance.md v18c)."""
+    check(make_inputs(kind, (517, hidden), (hidden,), torch.float32, "cuda", generator(seed), weight=False,
+                      bias=False))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)

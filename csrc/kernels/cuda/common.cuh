@@ -121,6 +121,32 @@ struct Frag<T, VEC, true> {
   }
 };
 
+// Calls f(has_w, has_b) with std::bool_constant tags for the weight and bias
+// a launch reads, so that the loop inside f tests no pointer (the choice is
+// uniform for the launch).
+template <typename F>
+__device__ __forceinline__ void with_affine(const void* w, const void* b, F&& f) {
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (w) {
+    if (b) f(Yes{}, Yes{});
+    else f(Yes{}, No{});
+  } else {
+    if (b) f(No{}, Yes{});
+    else f(No{}, No{});
+  }
+}
+
+// xhat * w[k] + b[k] for the arrays present (the tags of with_affine); an
+// absent one's Frag is never read.
+template <typename HasW, typename HasB, typename A, typename FW>
+__device__ __forceinline__ A affine(HasW, HasB, A xh, const FW& w, const FW& b, int k) {
+  if constexpr (HasW::value && HasB::value) return xh * w.get(k) + b.get(k);
+  else if constexpr (HasW::value) return xh * w.get(k);
+  else if constexpr (HasB::value) return xh + b.get(k);
+  else return xh;
+}
+
 // 16-byte loads with an L1 policy; other widths take an ordinary load.  Not
 // volatile and without a memory clobber (.nc): the kernels never write what
 // they load this way.  The caller guarantees 16-byte alignment.

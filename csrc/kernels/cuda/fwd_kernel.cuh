@@ -323,23 +323,12 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const A xh = xi.get(k) * rstd + shift;
-          if constexpr (has_w() && has_b()) y[k] = xh * w.get(k) + b.get(k);
-          else if constexpr (has_w()) y[k] = xh * w.get(k);
-          else if constexpr (has_b()) y[k] = xh + b.get(k);
-          else y[k] = xh;
+          y[k] = affine(has_w, has_b, xh, w, b, k);
         }
         store_vec(yrow + c, y);
       }
     };
-    using Yes = std::true_type;
-    using No = std::false_type;
-    if (wg) {
-      if (bg) write_row(Yes{}, Yes{});
-      else write_row(Yes{}, No{});
-    } else {
-      if (bg) write_row(No{}, Yes{});
-      else write_row(No{}, No{});
-    }
+    with_affine(wg, bg, write_row);
   }
   red.finish();  // also keeps red2's buffers alive for the other CTAs' stores
 }

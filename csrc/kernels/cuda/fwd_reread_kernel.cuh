@@ -83,8 +83,6 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
           if (j + u * nt < nvec) f(xr[u]);
       }
     };
-    using Yes = std::true_type;
-    using No = std::false_type;
     A mean = 0, var = 0;
     if (p.rms) {
       A q = 0;
@@ -152,22 +150,13 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             const A xh = xi.get(k) * rstd + shift;
-            if constexpr (has_w() && has_b()) y[k] = xh * w.get(k) + b.get(k);
-            else if constexpr (has_w()) y[k] = xh * w.get(k);
-            else if constexpr (has_b()) y[k] = xh + b.get(k);
-            else y[k] = xh;
+            y[k] = affine(has_w, has_b, xh, w, b, k);
           }
           store_vec(yrow + at(c), y);
         }
       }
     };
-    if (wg) {
-      if (bg) write_row(Yes{}, Yes{});
-      else write_row(Yes{}, No{});
-    } else {
-      if (bg) write_row(No{}, Yes{});
-      else write_row(No{}, No{});
-    }
+    with_affine(wg, bg, write_row);
   }
 }
 

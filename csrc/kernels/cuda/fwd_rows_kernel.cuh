@@ -124,32 +124,13 @@ __global__ void __launch_bounds__(kRowsCtaThreads, sizeof(W) > sizeof(T) ? 6 : 8
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             const A xh = x[r][i].get(k) * rstd[r] + shift;
-            if constexpr (has_w() && has_b())
-              y[k] = xh * w.get(k) + b.get(k);
-            else if constexpr (has_w())
-              y[k] = xh * w.get(k);
-            else if constexpr (has_b())
-              y[k] = xh + b.get(k);
-            else
-              y[k] = xh;
+            y[k] = affine(has_w, has_b, xh, w, b, k);
           }
           store_vec(yrow + r * ystep + col(i), y);
         }
       }
     };
-    using Yes = std::true_type;
-    using No = std::false_type;
-    if (wg) {
-      if (bg)
-        write_rows(Yes{}, Yes{});
-      else
-        write_rows(Yes{}, No{});
-    } else {
-      if (bg)
-        write_rows(No{}, Yes{});
-      else
-        write_rows(No{}, No{});
-    }
+    with_affine(wg, bg, write_rows);
   }
 }
 

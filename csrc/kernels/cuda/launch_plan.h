@@ -36,7 +36,10 @@ struct Plan {
 constexpr int kShortRowAccesses = 4;
 constexpr int kShortRowCta = 128;
 
-// Forward rows kept in shared memory (Plan::x_smem).  A register plan keeps
+// Forward rows kept in shared memory (Plan::x_smem).  On sm_90 the rows of
+// 16-80 KB of 2- and 4-byte types are re-read instead (kRereadMaxRow), except
+// one-CTA register rows; what follows decides the rest (rows past 80 KB,
+// fp64, sm_80) and dates from before v18a.  A register plan keeps
 // at most 64K registers of 64 per thread busy on an SM, and CTAs of 384 or
 // 448 threads leave a quarter or an eighth of that idle: too few bytes of rows
 // in flight.  Rows of at least min_row_bytes whose register plan keeps less
@@ -181,8 +184,9 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
 // whole warps a row, at most kRereadCta threads, kRereadAccesses 16-byte
 // accesses a thread where that many threads cover the row.  Forward rows of
 // 16-byte accesses of 2- and 4-byte types from XSmemTuning::min_row_bytes to
-// kRereadMaxRow take it on sm_90+ (measured on H200 only; sm_80 has 192 KB
-// of L1 and shared memory, not 256), except where the register plan is one CTA that
+// kRereadMaxRow take it on sm_90 (measured on H200 only; sm_80 has 192 KB
+// of L1 and shared memory, not 256, and newer GPUs run the kernel from
+// compute_90 PTX, whose JIT ignores the launch bounds' CTAs an SM), except where the register plan is one CTA that
 // keeps max_inflight bytes in flight (bf16 8192 and 16384, fp32 4096 and
 // 8192: there the register rows ran 1.5-3.8 points ahead).  H200, % of copy
 // bandwidth, LN / RMS, plan -> re-read (docs/performance.md v18a): bf16
@@ -317,7 +321,7 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
   const int64_t row_bytes = cols * elem_bytes;
   if (bwd || !vec_ok || !r.registers || row_bytes < xs.min_row_bytes) return r;
   const bool full_cta = r.csize == 1 && register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
-  if (dev.cc_major >= 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow && !full_cta)
+  if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow && !full_cta)
     return reread_layout(rows, cols / r.vec, r.vec);
   const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes &&
                        (dev.cc_major < 9 || cols * w_bytes * w_arrays <= row_bytes);
