@@ -72,8 +72,8 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
         Frag<T, VEC> xr[kRereadLoads];
 #pragma unroll
         for (int u = 0; u < kRereadLoads; ++u) {
-          if (j + u * nt >= nvec) {
-            xr[u].zero();
+          if (j + u * nt >= nvec) {  // never summed; zeroed, or the compiler spills the
+            xr[u].zero();            // fragments it cannot prove written (144-212 bytes)
             continue;
           }
           load_l1<L1Policy::kEvictLast>(xr[u], xrow + at(j + u * nt));

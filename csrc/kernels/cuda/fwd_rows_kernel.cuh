@@ -27,7 +27,8 @@ constexpr int kRowsAccesses = 4;
 constexpr int kRowsCtaThreads = 128;
 
 template <typename T, typename W, int VEC, int NV, int LANES>
-__global__ void __launch_bounds__(kRowsCtaThreads, sizeof(W) > sizeof(T) ? 6 : 8) norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
+__global__ void __launch_bounds__(kRowsCtaThreads, sizeof(W) > sizeof(T) ? 6 : 8)
+norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
   static_assert(VEC * sizeof(T) == 16 && kRowsAccesses % NV == 0 && LANES <= 32 && (LANES & (LANES - 1)) == 0,
                 "16-byte accesses, whole rows a thread");
   constexpr int R = kRowsAccesses / NV;  // rows a thread

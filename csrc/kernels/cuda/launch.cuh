@@ -301,16 +301,14 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   using A = dacc_t<DT>;
   if (p.rows == 0) return cudaSuccess;
   const Plan pl = fwd_plan<T, W>(p, dev);
-  if (pl.short_rows) {
-    const int64_t groups = pl.groups < INT32_MAX ? pl.groups : INT32_MAX;  // the kernel strides past that
-    return launch(fwd_rows_kernel_for<DT, DW>(pl), dim3(unsigned(groups)), dim3(pl.cta_threads), 0, 1, stream, p,
-                  A(1.0 / double(p.cols)));
-  }
-  if (pl.reread) {
+  // The short-row and re-read kernels: plain grids of one launch unit a row
+  // block (several short rows, or one re-read row), at most 2^31 - 1 CTAs
+  // (the kernels stride past that).
+  if (pl.short_rows || pl.reread) {
     constexpr int V = 16 / sizeof(DT);
-    const int64_t groups = pl.groups < INT32_MAX ? pl.groups : INT32_MAX;  // the kernel strides past that
-    return launch(&norm_fwd_reread_kernel<DT, DW, V>, dim3(unsigned(groups)), dim3(pl.cta_threads), 0, 1, stream, p,
-                  A(1.0 / double(p.cols)));
+    auto kernel = pl.short_rows ? fwd_rows_kernel_for<DT, DW>(pl) : &norm_fwd_reread_kernel<DT, DW, V>;
+    const int64_t groups = pl.groups < INT32_MAX ? pl.groups : INT32_MAX;
+    return launch(kernel, dim3(unsigned(groups)), dim3(pl.cta_threads), 0, 1, stream, p, A(1.0 / double(p.cols)));
   }
   if (use_register_kernel(pl, false)) {
     auto kernel = fwd_kernel_for<DT, DW>(pl);

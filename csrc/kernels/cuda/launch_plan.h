@@ -184,18 +184,19 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
 // whole warps a row, at most kRereadCta threads, kRereadAccesses 16-byte
 // accesses a thread where that many threads cover the row.  Forward rows of
 // 16-byte accesses of 2- and 4-byte types from XSmemTuning::min_row_bytes to
-// kRereadMaxRow take it on sm_90 (measured on H200 only; sm_80 has 192 KB
-// of L1 and shared memory, not 256, and newer GPUs run the kernel from
-// compute_90 PTX, whose JIT ignores the launch bounds' CTAs an SM), except where the register plan is one CTA that
-// keeps max_inflight bytes in flight (bf16 8192 and 16384, fp32 4096 and
-// 8192: there the register rows ran 1.5-3.8 points ahead).  H200, % of copy
-// bandwidth, LN / RMS, plan -> re-read (docs/performance.md v18a): bf16
-// 20480 84.6 / 93.2 -> 92.0 / 93.5, 24576 87.0 / 90.7 -> 91.7 / 94.1, 32768
-// 86.3 / 92.5 -> 89.4 / 93.7; fp32 12288 90.2 / 95.2 -> 97.1 / 93.3, 16384
-// 89.2 / 95.5 -> 95.5 / 96.1; LN of bf16 x with fp32 weight and bias 20480
-// 63.8 -> 80.5.  Past 80 KB the rows of an SM's two CTAs and the weight no
-// longer stay in L1, and the second walk goes to L2: rows of 96 KB lost 5
-// (LN bf16 49152, fp32 24576), of 128 KB 8-27.
+// kRereadMaxRow take it on sm_90, except where the register plan is one CTA
+// that keeps max_inflight bytes in flight (bf16 8192 and 16384, fp32 4096
+// and 8192: there the register rows ran 1.5-3.8 points ahead).  Measured on
+// H200 only: sm_80 has 192 KB of L1 and shared memory, not 256, and newer
+// GPUs run the kernel from compute_90 PTX, whose JIT ignores the launch
+// bounds' CTAs an SM.  H200, % of copy bandwidth, LN / RMS, plan -> re-read
+// (docs/performance.md v18a): bf16 20480 84.6 / 93.2 -> 92.0 / 93.5, 24576
+// 87.0 / 90.7 -> 91.7 / 94.1, 32768 86.3 / 92.5 -> 89.4 / 93.7; fp32 12288
+// 90.2 / 95.2 -> 97.1 / 93.3, 16384 89.2 / 95.5 -> 95.5 / 96.1; LN of bf16 x
+// with fp32 weight and bias 20480 63.8 -> 80.5.  Past 80 KB the rows of an
+// SM's two CTAs and the weight no longer stay in L1, and the second walk
+// goes to L2: rows of 96 KB lost 5 (LN bf16 49152, fp32 24576), of 128 KB
+// 8-27 (v18b: clusters past 80 KB lost 9-23).
 constexpr int kRereadCta = 1024;
 constexpr int kRereadAccesses = 4;
 constexpr int64_t kRereadMaxRow = 80 * 1024;
@@ -320,12 +321,12 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
   const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes, w_arrays);
   const int64_t row_bytes = cols * elem_bytes;
   if (bwd || !vec_ok || !r.registers || row_bytes < xs.min_row_bytes) return r;
-  const bool full_cta = r.csize == 1 && register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
-  if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow && !full_cta)
+  const bool inflight_ok = register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
+  if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow && !(r.csize == 1 && inflight_ok))
     return reread_layout(rows, cols / r.vec, r.vec);
   const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes &&
                        (dev.cc_major < 9 || cols * w_bytes * w_arrays <= row_bytes);
-  if (!one_cta && register_inflight(r, cols, elem_bytes) >= xs.max_inflight) return r;
+  if (!one_cta && inflight_ok) return r;
   const Plan s = x_smem_plan(rows, cols, elem_bytes, dev, xs);
   return s.registers ? s : r;
 }
