@@ -24,22 +24,23 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     const int64_t per_cta = int64_t(kMaxCta) * max_accesses(bwd, vec, elem, !bwd) * vec;
     EXPECT_GT(cols, per_cta);
     if (cc >= 9) EXPECT_GT(cols, 16 * per_cta);
-    // Past 16 CTAs the backward's 16-byte rows of 2- and 4-byte types take row groups, up to kMaxGroup CTAs.
-    if (cc >= 9 && bwd && vec_ok && elem <= 4)
-      EXPECT_GT(cols, int64_t(kMaxGroup) * group_cta_max(max_accesses(true, vec, elem, true)) *
-                          max_accesses(true, vec, elem, true) * vec);
+    // Past 16 CTAs the 16-byte rows of 2- and 4-byte types take row groups, up to kMaxGroup CTAs.
+    if (cc >= 9 && vec_ok && elem <= 4)
+      EXPECT_GT(cols, int64_t(kMaxGroup) * group_cta_max(kGroupElems / vec) * kGroupElems);
     return;
   }
   EXPECT_EQ(p.vec, vec_ok ? 16 / elem : 1);
   EXPECT_GE(int64_t(p.tpr) * p.csize * p.nv * p.vec, cols);          // covers the row
-  if (p.group) {  // backward rows past a cluster: one row group kernel per dtype, at the full budget
-    EXPECT_TRUE(bwd);
+  if (p.group) {  // rows past a cluster: one row group kernel per dtype and direction, 16 elements a thread
     EXPECT_GE(cc, 9);
     EXPECT_LE(elem, 4);
     EXPECT_EQ(p.vec, 16 / elem);
-    EXPECT_GT(p.csize, 16);
+    // Past a 16-CTA cluster of the register kernel's threads; the backward's
+    // 16-bit rows past an 8-CTA one.
+    const int64_t cluster_cols = int64_t(kMaxCta) * max_accesses(bwd, p.vec, elem, bwd) * p.vec;
+    EXPECT_GT(cols, (bwd && elem == 2 ? 8 : 16) * cluster_cols);
     EXPECT_LE(p.csize, kMaxGroup);
-    EXPECT_EQ(p.nv, max_accesses(true, p.vec, elem, true));
+    EXPECT_EQ(p.nv * p.vec, kGroupElems);
     EXPECT_EQ(p.tpr, p.cta_threads);
     EXPECT_EQ(p.tpr % 32, 0);
     EXPECT_LE(p.tpr, group_cta_max(p.nv));
@@ -173,8 +174,9 @@ TEST(LaunchPlan, BenchmarkSizesUseRegistersOnHopper) {
   }
   EXPECT_TRUE(make_plan(512, 262144, 2, 4, true, false, dev).registers);
   // The backward at 262144: row groups of 16 elements a thread, 16 KB of x
-  // a CTA (bf16: 32 CTAs of 512 threads, fp32: 64 of 256); at 131072 still
-  // 16-CTA clusters.
+  // a CTA (bf16: 32 CTAs of 512 threads, fp32: 64 of 256); at 131072 bf16
+  // takes a group of 16 such CTAs, fp32 a 16-CTA cluster.  The forward at
+  // 262144: fp32 the same group as the backward's, bf16 a 16-CTA cluster.
   for (int elem : {2, 4}) {
     const Plan g = make_plan(512, 262144, elem, 4, true, true, dev);
     EXPECT_TRUE(g.registers && g.group);
@@ -182,8 +184,11 @@ TEST(LaunchPlan, BenchmarkSizesUseRegistersOnHopper) {
     EXPECT_EQ(g.cta_threads, elem == 2 ? 512 : 256);
     EXPECT_EQ(g.nv * g.vec, 16);
     const Plan c = make_plan(1024, 131072, elem, 4, true, true, dev);
-    EXPECT_FALSE(c.group);
+    EXPECT_EQ(c.group, elem == 2);
     EXPECT_EQ(c.csize, 16);
+    const Plan f = make_plan(512, 262144, elem, 4, true, false, dev, elem);
+    EXPECT_EQ(f.group, elem == 4);
+    EXPECT_EQ(f.csize, elem == 2 ? 16 : 64);
   }
   EXPECT_FALSE(make_plan(512, 262144, 8, 8, true, true, dev).registers);  // fp64: split path
   dev.cc_major = 8;
@@ -307,15 +312,14 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   EXPECT_EQ(k.nv * k.vec * 4, 64);
   EXPECT_TRUE(k.stage_x);
   EXPECT_EQ(make_plan(1 << 12, 32768, 4, 4, true, false, dev, 0, 0).csize, 2);
-  // The cache holds only the arrays the launch reads (v15b).  RMSNorm fp32
-  // 262144: 16-CTA clusters of 128-byte threads keep the weight (64 KB),
-  // where LayerNorm's weight and bias (128 KB) do not fit.
-  const Plan r1 = make_plan(512, 262144, 4, 4, true, false, dev, 4, 1);
-  EXPECT_EQ(r1.csize, 16);
-  EXPECT_EQ(r1.nv * r1.vec * 4, 128);
+  // The cache holds only the arrays the launch reads (v15b).  bf16 x with an
+  // fp32 weight, 65536: RMSNorm's 4-CTA clusters keep the weight (64 KB) and
+  // stage the next row, where LayerNorm's weight and bias (128 KB) do not fit.
+  const Plan r1 = make_plan(512, 65536, 2, 4, true, false, dev, 4, 1);
+  EXPECT_EQ(r1.csize, 4);
   EXPECT_TRUE(r1.cache_wb);
-  EXPECT_FALSE(r1.stage_x);  // the 128-byte threads have no staged kernel
-  EXPECT_FALSE(make_plan(512, 262144, 4, 4, true, false, dev, 4, 2).cache_wb);
+  EXPECT_TRUE(r1.stage_x);
+  EXPECT_FALSE(make_plan(512, 65536, 2, 4, true, false, dev, 4, 2).cache_wb);
   // bf16 x with an fp32 weight, 24576: a 2-CTA cluster that caches the
   // weight and stages the next row.
   // (make_plan re-reads that row: RowsOf16To80KbAreReread.)

@@ -94,10 +94,15 @@ def test_sanitize_reread_rows(kind, dtype, hidden, offset, seed):
 
 @pytest.mark.sanitize
 @kinds
-def test_sanitize_row_groups(kind, seed):
-    """bf16 rows of 262144 take the backward's row groups (32 CTAs that
-    exchange sums through global memory); 9 rows give each group several."""
-    check(make_inputs(kind, (9, 262144), (262144,), torch.bfloat16, "cuda", generator(seed)))
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 262144), (torch.float32, 262144),
+                                          (torch.bfloat16, 300000)], ids=["bf16-262144", "f32-262144", "bf16-300000"])
+def test_sanitize_row_groups(kind, dtype, hidden, seed):
+    """Row groups (CTAs that exchange sums through global memory): the
+    backward's at bf16 262144 (32 CTAs), both directions' at fp32 262144
+    (64 CTAs of 256 threads) and bf16 300000 (37 CTAs, the last partly
+    idle; the 16-bit forward at two CTAs an SM); 9 rows give each group
+    several."""
+    check(make_inputs(kind, (9, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
 @pytest.mark.sanitize
@@ -212,8 +217,10 @@ def test_layer_norm_one_affine_array_long_rows(weight, bias, dtype, hidden, seed
 def test_backward_row_groups(kind, dtype, hidden, rows, seed):
     """Backward rows longer than a 16-CTA cluster: row groups of 25 (200000),
     32 (262144) or 37 (300000) CTAs that exchange the row's sums through
-    global memory.  With 13 rows each group walks several (the last ones
-    partial), and the rows' dx trails their sums."""
+    global memory; the forward's at fp32 200000 (49 CTAs, the last partly
+    idle) and 262144, and at 16-bit 300000.  With 13 rows each group walks
+    several (the last ones partial), and the rows' output trails their
+    sums."""
     check(make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
@@ -266,6 +273,31 @@ def test_layer_norm_shared_memory_rows_off_zero(dtype, hidden, offset, seed):
     (mean^2 > 8 var) take the exact pass; both must match."""
     check(make_inputs("ln", (4096 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed),
                       scale=1.0, offset=offset))
+
+
+@pytest.mark.parametrize("dtype,hidden", [(torch.float32, 262144), (torch.bfloat16, 300000)], ids=["f32", "bf16"])
+@pytest.mark.parametrize("offset", [8.0, 1000.0])
+def test_layer_norm_row_groups_off_zero(dtype, hidden, offset, seed):
+    """The row-group forward merges each warp's sum and its squares about
+    the warp's own mean (no shifted sums, no second pass): rows of mean 8
+    and 1000 and std 1 must match the float64 reference as rows near 0 do.
+    17 rows, several a group."""
+    check(make_inputs("ln", (17, hidden), (hidden,), dtype, "cuda", generator(seed), scale=1.0, offset=offset))
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
+def test_row_groups_bitwise_deterministic(kind, dtype, seed):
+    """Row groups in both directions (fp32 262144; bf16 300000 for the
+    forward): y, dx and the weight gradients identical over three runs."""
+    hidden = 262144 if dtype == torch.float32 else 300000
+    inp = make_inputs(kind, (21, hidden), (hidden,), dtype, "cuda", generator(seed))
+    first = run_fused(inp)
+    for _ in range(2):
+        again = run_fused(inp)
+        for name in ("y", "dx", "dweight", "dbias"):
+            a, b = getattr(first, name), getattr(again, name)
+            assert (a is None and b is None) or torch.equal(a, b), name
 
 
 @kinds

@@ -23,52 +23,10 @@
 // dx and the partials are bitwise reproducible; finalize_kernel (bwd_kernel.cuh)
 // adds the groups' partial rows as for the other register kernels.
 #pragma once
-#include "common.cuh"
+#include "group_xchg.cuh"
 #include "../params.h"
 
 namespace fln::cuda {
-
-constexpr int kMaxGroupCtas = 128;  // four slots a lane of the exchange warp
-
-// The compute threads (tpr, whole warps, at most kMaxCtaThreads) and the
-// CTAs of a group; the grid is ngroups * size CTAs of tpr + 32 threads.
-struct GroupLayout {
-  int tpr;
-  int size;
-};
-
-// Global exchange memory, zeroed before the launch: slots[group][buffer][CTA],
-// each two 64-bit words (sum(g * xhat), tag) and (sum(g), tag), tag = the
-// row's index in the group's walk + 1.  A word is written and read as one
-// single-copy-atomic access, so a reader that sees a row's tag in both words
-// has that row's sums: no fence and no counter, one store to publish and
-// one load (or a few, while it is not there yet) to collect, as in NCCL's
-// LL protocol.  The loads are relaxed: as acquires each cost an L1
-// invalidation (CCTL.IVALL) and they were issued one after another.  The one
-// ordering the protocol needs, that a CTA rewrites a buffer only after every
-// CTA's loads of it have returned, comes from its store being issued only
-// once the tags it polled (which other CTAs stored after those loads) were
-// seen.  A group cycles through kGroupXchgBufs buffers (the kernel's comment
-// says why that is enough).
-struct GroupXchg {
-  unsigned long long* slots;
-};
-constexpr int kGroupXchgBufs = 8;
-
-__device__ __forceinline__ void st_relaxed_gpu_v2(unsigned long long* p, unsigned long long a,
-                                                  unsigned long long b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};\n" ::"l"(p), "l"(a), "l"(b) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void ld_relaxed_gpu_v2(const unsigned long long* p, unsigned long long& a,
-                                                  unsigned long long& b) {
-  a = b = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];\n" : "=l"(a), "=l"(b) : "l"(p) : "memory");
-#endif
-}
 
 // LAG: rows between a row's sums and its dx.  AHEAD = STAGES - 1 - LAG rows'
 // copies are in flight while a row is summed.
@@ -117,31 +75,18 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
       mbar_wait(smem_addr(&sums_ready[b]), uint32_t(j / NB) & 1u);
       const A c0 = butterfly_sum<16>(lane % 16 < nwarps ? warp_sums[b][lane % 16][0] : A(0));
       const A c1 = butterfly_sum<16>(lane % 16 < nwarps ? warp_sums[b][lane % 16][1] : A(0));
-      const unsigned long long tag = (unsigned long long)(j + 1) << 32;
-      if (lane == 0)
-        st_relaxed_gpu_v2(&slots[(j % kGroupXchgBufs * G + rank) * 2], tag | __float_as_uint(c0),
-                          tag | __float_as_uint(c1));
+      if (lane == 0) group_publish(slots, G, rank, j, c0, c1);
     };
     auto collect = [&](int64_t j) {
-      const unsigned tag = unsigned(j + 1);
-      const unsigned long long* row_slots = &slots[j % kGroupXchgBufs * G * 2];
-      float2 v;
-      for (;;) {  // until every slot holds row j
-        bool ok = true;
-        v = make_float2(0.f, 0.f);
+      float2 got[kMaxGroupCtas / 32];
+      group_poll(slots, G, j, lane, got);
+      float2 v = make_float2(0.f, 0.f);
 #pragma unroll
-        for (int h = 0; h < kMaxGroupCtas / 32; ++h) {  // slots lane, lane + 32, ..., in that order
-          const int c = lane + 32 * h;
-          if (c < G) {
-            unsigned long long a, b;
-            ld_relaxed_gpu_v2(&row_slots[c * 2], a, b);
-            ok = ok && unsigned(a >> 32) == tag && unsigned(b >> 32) == tag;
-            v.x += __uint_as_float(unsigned(a));
-            v.y += __uint_as_float(unsigned(b));
-          }
+      for (int h = 0; h < kMaxGroupCtas / 32; ++h)  // slots lane, lane + 32, ..., in that order
+        if (lane + 32 * h < G) {
+          v.x += got[h].x;
+          v.y += got[h].y;
         }
-        if (__all_sync(0xffffffffu, ok)) break;
-      }
 #pragma unroll
       for (int off = 16; off > 0; off /= 2) {  // fixed order: every lane ends with the same bits
         v.x += __shfl_xor_sync(0xffffffffu, v.x, off);

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "bwd_group_kernel.cuh"
+#include "fwd_group_kernel.cuh"
 #include "bwd_kernel.cuh"
 #include "bwd_split_kernels.cuh"
 #include "fwd_kernel.cuh"
@@ -251,9 +252,24 @@ using GroupKernelFn = void (*)(BwdParams, GroupLayout, float*, float*, GroupXchg
 
 template <typename DT, typename DW>
 std::pair<GroupKernelFn, GroupKernelShape> bwd_group_kernel_for() {
-  constexpr int V = 16 / sizeof(DT), NV = max_accesses(true, V, sizeof(DT), true);
+  constexpr int V = 16 / sizeof(DT), NV = kGroupElems / V;
   constexpr GroupKernelShape k = sizeof(DT) == 2 ? GroupKernelShape{6, 3} : GroupKernelShape{7, 4};
   return {&norm_bwd_group_kernel<DT, DW, NV, k.stages, k.lag>, k};
+}
+
+// The row-group forward (Plan::group) of a dtype: 16 elements a thread,
+// STAGES rows of x in shared memory (16 KB each), y LAG rows after the sums,
+// two CTAs an SM (16-bit rows: at most 56 registers).  H200, % of copy
+// bandwidth (docs/performance.md v19a): (7, 3) LN fp32 262144 88.9, (8, 3)
+// at one CTA an SM 69.8, (6, 2) 80.3, (7, 2) 80.0, (5, 2) 80.8; 16-bit
+// rows at one CTA an SM (70 registers) LN bf16 300000 53.2, at two 65.8.
+using FwdGroupKernelFn = void (*)(FwdParams, GroupLayout, GroupXchg, float);
+
+template <typename DT, typename DW>
+std::pair<FwdGroupKernelFn, GroupKernelShape> fwd_group_kernel_for() {
+  constexpr int V = 16 / sizeof(DT), NV = kGroupElems / V;
+  constexpr GroupKernelShape k{7, 3};
+  return {&norm_fwd_group_kernel<DT, DW, NV, k.stages, k.lag, sizeof(DT) == 2 ? 2 : 1>, k};
 }
 
 // How many of weight and bias the forward reads (the weight cache's arrays).
@@ -310,7 +326,27 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
     const int64_t groups = pl.groups < INT32_MAX ? pl.groups : INT32_MAX;
     return launch(kernel, dim3(unsigned(groups)), dim3(pl.cta_threads), 0, 1, stream, p, A(1.0 / double(p.cols)));
   }
-  if (use_register_kernel(pl, false)) {
+  if constexpr (sizeof(DT) <= 4)
+    if (pl.group) {
+      // As many groups as are resident at once (and not more than rows): the
+      // launch is cooperative.  The slots are zeroed before each launch.
+      const auto [kernel, ks] = fwd_group_kernel_for<DT, DW>();
+      const size_t smem = size_t(ks.stages) * size_t(x_smem_bytes(pl.cta_threads, pl.nv));
+      const int64_t ctas = resident_groups(kernel, dev, pl.cta_threads + 32, 1, smem);
+      const int64_t groups = ctas / pl.csize < p.rows ? ctas / pl.csize : p.rows;
+      if (groups > 0) {
+        const size_t bytes = size_t(groups) * kGroupXchgBufs * pl.csize * 2 * sizeof(unsigned long long);
+        auto* slots = static_cast<unsigned long long*>(ws.alloc(ws.ctx, bytes));
+        if (slots == nullptr) return cudaErrorMemoryAllocation;
+        cudaError_t e = cudaMemsetAsync(slots, 0, bytes, stream);
+        if (e != cudaSuccess) return e;
+        const LaunchConfig lc(dim3(unsigned(groups * pl.csize)), dim3(unsigned(pl.cta_threads + 32)), smem, 1, stream,
+                              false, true);
+        return launch_with(lc, kernel, p, GroupLayout{pl.cta_threads, pl.csize}, GroupXchg{slots},
+                           float(1.0 / double(p.cols)));
+      }
+    }
+  if (!pl.group && use_register_kernel(pl, false)) {
     auto kernel = fwd_kernel_for<DT, DW>(pl);
     // Register clusters run a persistent grid (each walks many rows); plain
     // CTAs and rows in shared memory one CTA (or cluster) per row group

@@ -23,7 +23,7 @@ struct Plan {
   bool cache_wb = false;  // forward clusters: weight and bias slices kept in shared memory
   bool x_smem = false;    // forward: the row is kept in shared memory, not registers
   bool stage_x = false;   // forward weight-cache clusters: the next row is staged in shared memory
-  bool group = false;     // backward rows past a cluster: csize CTAs exchange sums in global memory
+  bool group = false;     // rows past a cluster: csize CTAs exchange sums in global memory
   bool short_rows = false;  // forward rows of one warp at most: fwd_rows_kernel.cuh
   int rows_per_thread = 1;  // short_rows: rows each thread holds (same columns)
   bool reread = false;      // forward: one CTA a row reads it twice (fwd_reread_kernel.cuh)
@@ -114,11 +114,13 @@ constexpr int64_t bwd_stage_smem(int stages, int rows, int cta_threads, int nv) 
   return int64_t(stages) * rows * cta_threads * nv * 2 * 16;
 }
 
-// CTAs of a backward row group at most (Plan::group, bwd_group_kernel.cuh),
-// and the bytes of x (and as many of dy) of a row each holds: with several
-// rows of them in shared memory, a row's dx can trail its sums by a few rows.
+// CTAs of a row group at most (Plan::group: bwd_group_kernel.cuh,
+// fwd_group_kernel.cuh), the bytes of x (and as many of dy) of a row each
+// holds, and the elements each thread holds: with several rows of them in
+// shared memory, a row's output can trail its sums by a few rows.
 constexpr int kMaxGroup = 128;
 constexpr int64_t kGroupSliceBytes = 16 * 1024;
+constexpr int kGroupElems = 16;
 constexpr int group_cta_max(int nv) { return int(kGroupSliceBytes / (int64_t(nv) * 16)); }
 
 // At most this much, so that two CTAs still share an SM.
@@ -165,6 +167,22 @@ inline int64_t register_inflight(const Plan& p, int64_t cols, int elem_bytes) {
   int64_t ctas = 65536 / (64 * int64_t(p.cta_threads));
   if (ctas > 32) ctas = 32;
   return ctas * p.rows_per_cta * (cols * elem_bytes / p.csize) * (p.stage_x ? 2 : 1);
+}
+
+// A row group (Plan::group): csize CTAs of whole warps, as few as cover the
+// row at kGroupElems elements a thread and at most group_cta_max(nv) threads
+// a CTA (kGroupSliceBytes of x).
+inline Plan group_layout(int64_t rows, int64_t nvec, int vec) {
+  Plan p;
+  p.group = true;
+  p.vec = vec;
+  const int nv = p.nv = kGroupElems / vec;
+  const int64_t threads = (nvec + nv - 1) / nv;
+  p.csize = int((threads + group_cta_max(nv) - 1) / group_cta_max(nv));
+  const int64_t per_cta = (threads + p.csize - 1) / p.csize;
+  p.tpr = p.cta_threads = int((per_cta + 31) / 32 * 32);
+  p.groups = rows;
+  return p;
 }
 
 inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
@@ -226,22 +244,27 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
   // over a thread-block cluster (sm_90+, at most 16 CTAs), else fall back.
   const int64_t threads = (nvec + nv_max - 1) / nv_max;
   if (threads > kMaxCta) {
-    // Backward rows past a 16-CTA cluster (16-byte accesses of 2- and 4-byte
-    // types): a row group of exactly cs CTAs that exchange the row's sums
-    // through global memory (Plan::group), rather than the split path, which
-    // reads x and dy twice.
-    int64_t cs = (threads + kMaxCta - 1) / kMaxCta;
-    if (bwd && vec >= 4 && dev.cc_major >= 9 && cs > 16) {
-      cs = (threads + group_cta_max(nv_max) - 1) / group_cta_max(nv_max);
-      p.group = cs <= kMaxGroup;
+    // Rows past a 16-CTA cluster (16-byte accesses of 2- and 4-byte types):
+    // a row group of as many CTAs as the row needs, which exchange the row's
+    // sums through global memory (Plan::group), rather than the split path,
+    // which reads x (and dy) twice.  The backward's 16-bit rows past 8 CTAs
+    // too: their group's CTAs are the cluster's (512 threads of 16
+    // elements), and the group fills 128 SMs where 16-CTA clusters fill 112
+    // (v19a, H200, % of copy bandwidth, LN bf16 131072 75.0 -> 78.1, 98304
+    // 73.0 -> 81.1, 81920 66.6 -> 80.5; RMS bf16 131072 77.3 -> 81.3).
+    const int64_t cs = (threads + kMaxCta - 1) / kMaxCta;
+    const bool past_8 = bwd && cs > 8 && group_cta_max(kGroupElems / vec) >= kMaxCta;
+    if (vec >= 4 && dev.cc_major >= 9 && (cs > 16 || past_8)) {
+      const Plan g = group_layout(rows, nvec, vec);
+      if (g.csize <= kMaxGroup) return g;
     }
-    if (dev.cc_major < 9 || (cs > 16 && !p.group)) {
+    if (dev.cc_major < 9 || cs > 16) {
       p.registers = false;
       p.cta_threads = 512;
       p.groups = rows;
       return p;
     }
-    p.csize = p.group ? int(cs) : next_pow2(cs);
+    p.csize = next_pow2(cs);
     // Whole warps per CTA, as few as cover the row: fp32 12288 takes two CTAs
     // of 384 threads, not of 512 with a quarter idle.
     const int64_t per_cta = (threads + p.csize - 1) / p.csize;
@@ -255,7 +278,7 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
     p.tpr = next_pow2(threads);  // lanes of one warp, reduced by shuffles
   }
   const int64_t per_thread = (nvec + int64_t(p.tpr) * p.csize - 1) / (int64_t(p.tpr) * p.csize);
-  p.nv = p.group ? nv_max : next_pow2(per_thread);  // a group kernel per dtype, at the full budget
+  p.nv = next_pow2(per_thread);
   // Small rows: several rows per 128-thread CTA.  Otherwise one row per CTA.
   p.cta_threads = p.tpr < 128 && (p.tpr & (p.tpr - 1)) == 0 ? 128 : p.tpr;
   p.rows_per_cta = p.cta_threads / p.tpr;
@@ -297,14 +320,20 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
 //   89.8, 16384 87.8 -> 90.1) and the wide cluster that could not stage
 //   (20480 74.1 -> 89.0, 24576 80.5 -> 90.7); before staging, halving or
 //   removing a cluster had gained (v13b: LN 12288 one CTA 87.4 against 86.3
-//   in two, 20480 74.4 against 71.9).
+//   in two, 20480 74.4 against 71.9).  Forward rows past a 16-CTA cluster of
+//   the narrower threads take a row group instead (register_layout; v19a,
+//   H200, % of copy bandwidth, from the wide cluster or the split path: LN
+//   fp32 262144 65.2 -> 88.9, 196608 70.3 -> 87.6, 300000 39.9 -> 83.0; RMS
+//   fp32 262144 83.4 -> 84.3; LN bf16 300000 36.7 -> 65.8).  Groups lost to
+//   the clusters that hold a row (fp32 32768-131072 by 1-7 points but LN
+//   131072 +1, 16-bit 65536-262144 by 17-22).
 inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
                           const DeviceInfo& dev, int w_bytes, int w_arrays = 2) {
   const int vec = vec_ok ? 16 / elem_bytes : 1;
   const int64_t nvec = (cols + vec - 1) / vec;
   const int narrow = max_accesses(bwd, vec, elem_bytes), wide = max_accesses(bwd, vec, elem_bytes, true);
   const Plan n = register_layout(rows, nvec, vec, narrow, bwd, dev, w_bytes, w_arrays);
-  if (wide == narrow || (nvec + narrow - 1) / narrow <= kMaxCta) return n;
+  if ((n.group && !bwd) || wide == narrow || (nvec + narrow - 1) / narrow <= kMaxCta) return n;
   Plan w = register_layout(rows, nvec, vec, wide, bwd, dev, w_bytes, w_arrays);
   w.stage_x = false;  // staged rows have the narrow threads' kernels only (pick_fwd)
   if (bwd) return w;
@@ -320,7 +349,7 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
                       const XSmemTuning& xs = XSmemTuning{}) {
   const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes, w_arrays);
   const int64_t row_bytes = cols * elem_bytes;
-  if (bwd || !vec_ok || !r.registers || row_bytes < xs.min_row_bytes) return r;
+  if (bwd || !vec_ok || !r.registers || r.group || row_bytes < xs.min_row_bytes) return r;
   const bool inflight_ok = register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
   if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow && !(r.csize == 1 && inflight_ok))
     return reread_layout(rows, cols / r.vec, r.vec);

@@ -1,0 +1,87 @@
+// The exchange of a row group (sm_90+): G CTAs of a persistent,
+// cooperatively launched grid own one row, each CTA a slice, and trade the
+// row's sums through global memory, where a thread-block cluster (at most 16
+// CTAs) would use distributed shared memory.  Each CTA has whole warps of
+// compute threads and one exchange warp, which publishes the CTA's two sums
+// of a row and collects the group's.  The backward (bwd_group_kernel.cuh) and
+// the forward (fwd_group_kernel.cuh) share it.
+#pragma once
+#include "common.cuh"
+
+namespace fln::cuda {
+
+constexpr int kMaxGroupCtas = 128;  // four slots a lane of the exchange warp
+
+// The compute threads (tpr, whole warps, at most kMaxCtaThreads) and the
+// CTAs of a group; the grid is ngroups * size CTAs of tpr + 32 threads.
+struct GroupLayout {
+  int tpr;
+  int size;
+};
+
+// Global exchange memory, zeroed before the launch: slots[group][buffer][CTA],
+// each two 64-bit words (first sum, tag) and (second sum, tag), tag = the
+// row's index in the group's walk + 1.  A word is written and read as one
+// single-copy-atomic access, so a reader that sees a row's tag in both words
+// has that row's sums: no fence and no counter, one store to publish and
+// one load (or a few, while it is not there yet) to collect, as in NCCL's
+// LL protocol.  The loads are relaxed: as acquires each cost an L1
+// invalidation (CCTL.IVALL) and they were issued one after another.  The one
+// ordering the protocol needs, that a CTA rewrites a buffer only after every
+// CTA's loads of it have returned, comes from its store being issued only
+// once the tags it polled (which other CTAs stored after those loads) were
+// seen.  A group cycles through kGroupXchgBufs buffers (each kernel's
+// comment says why that is enough).
+struct GroupXchg {
+  unsigned long long* slots;
+};
+constexpr int kGroupXchgBufs = 8;
+
+__device__ __forceinline__ void st_relaxed_gpu_v2(unsigned long long* p, unsigned long long a,
+                                                  unsigned long long b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};\n" ::"l"(p), "l"(a), "l"(b) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ld_relaxed_gpu_v2(const unsigned long long* p, unsigned long long& a,
+                                                  unsigned long long& b) {
+  a = b = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];\n" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+#endif
+}
+
+// The exchange warp's lane 0: publish this CTA's two sums of walk row j in
+// its slot of the row's buffer (one store of two tagged words).
+__device__ __forceinline__ void group_publish(unsigned long long* slots, int G, int rank, int64_t j, float c0,
+                                              float c1) {
+  const unsigned long long tag = (unsigned long long)(j + 1) << 32;
+  st_relaxed_gpu_v2(&slots[(j % kGroupXchgBufs * G + rank) * 2], tag | __float_as_uint(c0), tag | __float_as_uint(c1));
+}
+
+// The whole exchange warp: poll the G slots of walk row j until every one
+// carries its tag.  Lane l ends with the sums of CTAs l, l + 32, ... in v[0],
+// v[1], ... (zeros past G).
+__device__ __forceinline__ void group_poll(const unsigned long long* slots, int G, int64_t j, int lane,
+                                           float2 (&v)[kMaxGroupCtas / 32]) {
+  const unsigned tag = unsigned(j + 1);
+  const unsigned long long* row_slots = &slots[j % kGroupXchgBufs * G * 2];
+  for (;;) {
+    bool ok = true;
+#pragma unroll
+    for (int h = 0; h < kMaxGroupCtas / 32; ++h) {
+      const int c = lane + 32 * h;
+      v[h] = make_float2(0.f, 0.f);
+      if (c < G) {
+        unsigned long long a, b;
+        ld_relaxed_gpu_v2(&row_slots[c * 2], a, b);
+        ok = ok && unsigned(a >> 32) == tag && unsigned(b >> 32) == tag;
+        v[h] = make_float2(__uint_as_float(unsigned(a)), __uint_as_float(unsigned(b)));
+      }
+    }
+    if (__all_sync(0xffffffffu, ok)) break;
+  }
+}
+
+}  // namespace fln::cuda
