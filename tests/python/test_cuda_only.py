@@ -101,7 +101,7 @@ def test_sanitize_row_groups(kind, dtype, hidden, seed):
     backward's at bf16 262144 (32 CTAs), both directions' at fp32 262144
     (64 CTAs of 256 threads) and bf16 300000 (37 CTAs, the last partly
     idle; the 16-bit forward at two CTAs an SM); 9 rows give each group
-    several."""
+    several (the bf16 300000 forward's 7 groups one or two)."""
     check(make_inputs(kind, (9, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
@@ -180,7 +180,8 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     32768; 16-bit 20480 and 32768 and fp32 20480 are re-read, one CTA a
     row).  The backward runs clusters of up to 16 CTAs of 16 elements a
     thread: 16-bit 49152 and 65536 and fp32 65536 fill 8 with 384-512
-    threads a CTA, 16-bit and fp32 131072 fill 16."""
+    threads a CTA, fp32 131072 fills 16; 16-bit 131072 takes a row group of
+    16 such CTAs (global exchange)."""
     check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
@@ -212,12 +213,13 @@ def test_layer_norm_one_affine_array_long_rows(weight, bias, dtype, hidden, seed
 
 @kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [200000, 262144, 300000])
+@pytest.mark.parametrize("hidden", [100000, 200000, 262144, 300000])
 @pytest.mark.parametrize("rows", [2, 13])
 def test_backward_row_groups(kind, dtype, hidden, rows, seed):
     """Backward rows longer than a 16-CTA cluster: row groups of 25 (200000),
     32 (262144) or 37 (300000) CTAs that exchange the row's sums through
-    global memory; the forward's at fp32 200000 (49 CTAs, the last partly
+    global memory, and 16-bit 100000 (past 8 CTAs: 13 CTAs of 512 threads,
+    the last partly idle); the forward's at fp32 200000 (49 CTAs, the last partly
     idle) and 262144, and at 16-bit 300000.  With 13 rows each group walks
     several (the last ones partial), and the rows' output trails their
     sums."""
@@ -226,9 +228,20 @@ def test_backward_row_groups(kind, dtype, hidden, rows, seed):
 
 @kinds
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_name)
-def test_backward_row_groups_float32_params(kind, dtype, seed):
-    """Row groups with a float32 weight (and bias) on 16-bit rows."""
-    check(make_inputs(kind, (9, 262144), (262144,), dtype, "cuda", generator(seed), param_dtype=torch.float32))
+@pytest.mark.parametrize("hidden", [262144, 300000])
+def test_backward_row_groups_float32_params(kind, dtype, hidden, seed):
+    """Row groups with a float32 weight (and bias) on 16-bit rows: the
+    backward's at 262144, both directions' at 300000."""
+    check(make_inputs(kind, (9, hidden), (hidden,), dtype, "cuda", generator(seed), param_dtype=torch.float32))
+
+
+@kinds
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
+def test_row_groups_many_rows_per_group(kind, dtype, seed):
+    """200 rows of 300000: each group walks 28 (bf16, 7 groups) to 67 (fp32,
+    3 groups of 74 CTAs) rows, cycling its exchange buffers several times,
+    in both directions."""
+    check(make_inputs(kind, (200, 300000), (300000,), dtype, "cuda", generator(seed)))
 
 
 @pytest.mark.parametrize("mask", [[True, False, False], [False, True, True], [True, True, False]],
@@ -275,7 +288,7 @@ def test_layer_norm_shared_memory_rows_off_zero(dtype, hidden, offset, seed):
                       scale=1.0, offset=offset))
 
 
-@pytest.mark.parametrize("dtype,hidden", [(torch.float32, 262144), (torch.bfloat16, 300000)], ids=["f32", "bf16"])
+@pytest.mark.parametrize("dtype,hidden", [(torch.float32, 300000), (torch.bfloat16, 300000)], ids=["f32", "bf16"])
 @pytest.mark.parametrize("offset", [8.0, 1000.0])
 def test_layer_norm_row_groups_off_zero(dtype, hidden, offset, seed):
     """The row-group forward merges each warp's sum and its squares about

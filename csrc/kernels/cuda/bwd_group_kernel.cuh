@@ -99,13 +99,7 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
         mbar_arrive(smem_addr(&totals_ready[b]));
       }
     };
-    // Row j's totals are collected while the compute warps sum row j + 1 ...
-    // j + LAG - 1, and before they need them at row j + LAG.
-    for (int64_t j = 0; j < rows_g; ++j) {
-      publish(j);
-      if (j + 1 >= LAG) collect(j + 1 - LAG);
-    }
-    for (int64_t j = rows_g + 1 - LAG > 0 ? rows_g + 1 - LAG : 0; j < rows_g; ++j) collect(j);
+    group_exchange_walk<LAG>(rows_g, publish, collect);
     return;
   }
 

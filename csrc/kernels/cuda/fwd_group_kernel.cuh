@@ -115,13 +115,7 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
         }
       }
     };
-    // Row j's statistics are collected while the compute warps sum rows j + 1
-    // ... j + LAG - 1, and before they need them at row j + LAG.
-    for (int64_t j = 0; j < rows_g; ++j) {
-      publish(j);
-      if (j + 1 >= LAG) collect(j + 1 - LAG);
-    }
-    for (int64_t j = rows_g + 1 - LAG > 0 ? rows_g + 1 - LAG : 0; j < rows_g; ++j) collect(j);
+    group_exchange_walk<LAG>(rows_g, publish, collect);
     return;
   }
 

@@ -84,4 +84,17 @@ __device__ __forceinline__ void group_poll(const unsigned long long* slots, int 
   }
 }
 
+// The exchange warp's walk over its group's rows_g rows: publish row j, then
+// collect row j + 1 - LAG, so a row's totals are collected while the compute
+// warps sum the LAG - 1 rows after it, and before they need them LAG rows
+// later.
+template <int LAG, typename Publish, typename Collect>
+__device__ __forceinline__ void group_exchange_walk(int64_t rows_g, Publish publish, Collect collect) {
+  for (int64_t j = 0; j < rows_g; ++j) {
+    publish(j);
+    if (j + 1 >= LAG) collect(j + 1 - LAG);
+  }
+  for (int64_t j = rows_g + 1 - LAG > 0 ? rows_g + 1 - LAG : 0; j < rows_g; ++j) collect(j);
+}
+
 }  // namespace fln::cuda

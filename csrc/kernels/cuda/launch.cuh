@@ -25,7 +25,7 @@ namespace fln::cuda {
 
 static_assert(kMaxCta == kMaxCtaThreads, "launch_plan.h and the kernels' launch bounds must agree");
 static_assert(kRereadCta == kRereadMaxThreads, "launch_plan.h and fwd_reread_kernel.cuh must agree on CTA size");
-static_assert(kMaxGroup == kMaxGroupCtas, "launch_plan.h and bwd_group_kernel.cuh must agree on row groups");
+static_assert(kMaxGroup == kMaxGroupCtas, "launch_plan.h and group_xchg.cuh must agree on row groups");
 static_assert(kShortRowAccesses == kRowsAccesses && kShortRowCta == kRowsCtaThreads,
               "launch_plan.h and fwd_rows_kernel.cuh must agree on short rows");
 static_assert(kMaxClusterCtas >= 16, "launch_plan.h plans clusters of up to 16 CTAs (RowReducer's slots)");
@@ -50,7 +50,7 @@ bool bwd_vec_ok(const BwdParams& p) {
 // the programmatic-serialization attribute when `dependent` (the kernel may
 // start before the previous kernel on the stream ends, and waits for it with
 // wait_for_primary_grid(); sm_90+), and the cooperative attribute when
-// `cooperative` (CTAs that wait on each other: bwd_group_kernel.cuh).
+// `cooperative` (CTAs that wait on each other: the row groups, group_xchg.cuh).
 struct LaunchConfig {
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[3];
