@@ -141,6 +141,34 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
   return groups;
 }
 
+// Row groups (Plan::group, group_xchg.cuh), both directions: as many
+// groups as are resident at once, and not more than rows (the launch is
+// cooperative, so it fails rather than leave a CTA waiting); 0 where none
+// fits.  Each CTA has one exchange warp besides its compute threads.
+template <typename K>
+int64_t group_count(K kernel, const Plan& pl, const DeviceInfo& dev, size_t smem, int64_t rows) {
+  const int64_t per = resident_groups(kernel, dev, pl.cta_threads + 32, 1, smem) / pl.csize;
+  return per < rows ? per : rows;
+}
+
+// The exchange slots of `groups` groups of csize CTAs.
+inline size_t group_xchg_bytes(int64_t groups, int csize) {
+  return size_t(groups) * kGroupXchgBufs * csize * 2 * sizeof(unsigned long long);
+}
+
+// Zeroes the slots (where the launch exchanges sums) and launches the groups.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_groups(void (*kernel)(KArgs...), const Plan& pl, int64_t groups, size_t smem, GroupXchg xg,
+                          cudaStream_t stream, Args... args) {
+  if (xg.slots) {
+    const cudaError_t e = cudaMemsetAsync(xg.slots, 0, group_xchg_bytes(groups, pl.csize), stream);
+    if (e != cudaSuccess) return e;
+  }
+  const LaunchConfig lc(dim3(unsigned(groups * pl.csize)), dim3(unsigned(pl.cta_threads + 32)), smem, 1, stream,
+                        false, true);
+  return launch_with(lc, kernel, args...);
+}
+
 // Instantiation chooser: the kernel holding NV accesses of VEC for the
 // smallest power of two NV >= nv that the register budget allows.
 template <typename DT, typename DW, int VEC, bool CACHE_WB, bool X_SMEM, bool CLUSTER, bool STAGE = false, int NV = 1>
@@ -328,22 +356,15 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   }
   if constexpr (sizeof(DT) <= 4)
     if (pl.group) {
-      // As many groups as are resident at once (and not more than rows): the
-      // launch is cooperative.  The slots are zeroed before each launch.
       const auto [kernel, ks] = fwd_group_kernel_for<DT, DW>();
       const size_t smem = size_t(ks.stages) * size_t(x_smem_bytes(pl.cta_threads, pl.nv));
-      const int64_t ctas = resident_groups(kernel, dev, pl.cta_threads + 32, 1, smem);
-      const int64_t groups = ctas / pl.csize < p.rows ? ctas / pl.csize : p.rows;
+      const int64_t groups = group_count(kernel, pl, dev, smem, p.rows);
       if (groups > 0) {
-        const size_t bytes = size_t(groups) * kGroupXchgBufs * pl.csize * 2 * sizeof(unsigned long long);
-        auto* slots = static_cast<unsigned long long*>(ws.alloc(ws.ctx, bytes));
+        auto* slots = static_cast<unsigned long long*>(ws.alloc(ws.ctx, group_xchg_bytes(groups, pl.csize)));
         if (slots == nullptr) return cudaErrorMemoryAllocation;
-        cudaError_t e = cudaMemsetAsync(slots, 0, bytes, stream);
-        if (e != cudaSuccess) return e;
-        const LaunchConfig lc(dim3(unsigned(groups * pl.csize)), dim3(unsigned(pl.cta_threads + 32)), smem, 1, stream,
-                              false, true);
-        return launch_with(lc, kernel, p, GroupLayout{pl.cta_threads, pl.csize}, GroupXchg{slots},
-                           float(1.0 / double(p.cols)));
+        const GroupXchg xg{slots};
+        return launch_groups(kernel, pl, groups, smem, xg, stream, p, GroupLayout{pl.cta_threads, pl.csize}, xg,
+                             float(1.0 / double(p.cols)));
       }
     }
   if (!pl.group && use_register_kernel(pl, false)) {
@@ -558,12 +579,9 @@ BwdShape bwd_shape(const BwdParams& p, const DeviceInfo& dev) {
   const Plan& pl = s.plan;
   if constexpr (sizeof(DT) <= 4)
     if (pl.group) {
-      // As many groups as are resident at once (and not more than rows): the
-      // launch is cooperative, so it fails rather than leave a CTA waiting.
       const auto [kernel, ks] = bwd_group_kernel_for<DT, DW>();
       s.dyn_smem = size_t(bwd_stage_smem(ks.stages, 1, pl.cta_threads, pl.nv));
-      const int64_t ctas = resident_groups(kernel, dev, pl.cta_threads + 32, 1, s.dyn_smem);
-      const int64_t groups = ctas / pl.csize < p.rows ? ctas / pl.csize : p.rows;
+      const int64_t groups = group_count(kernel, pl, dev, s.dyn_smem, p.rows);
       if (groups > 0) {
         s.registers = true;
         s.group_kernel = kernel;
@@ -604,7 +622,6 @@ struct BwdWorkspace {
   acc2_t<A>* chunk_sums;
   acc2_t<A>* row_sums;
   GroupXchg xchg;  // row groups with dx: the slots, zeroed before the launch
-  size_t xchg_bytes;
 };
 
 template <typename A>
@@ -624,8 +641,7 @@ size_t bwd_workspace_layout(const BwdParams& p, const BwdShape& s, void* base, B
     w.row_sums = static_cast<acc2_t<A>*>(take(size_t(p.rows) * sizeof(acc2_t<A>)));
   }
   if (s.group_kernel && p.dx) {
-    w.xchg_bytes = size_t(s.nparts) * kGroupXchgBufs * s.plan.csize * 2 * sizeof(unsigned long long);
-    w.xchg.slots = static_cast<unsigned long long*>(take(w.xchg_bytes));
+    w.xchg.slots = static_cast<unsigned long long*>(take(group_xchg_bytes(s.nparts, s.plan.csize)));
   }
   if (ws) *ws = w;
   return off;
@@ -661,14 +677,9 @@ cudaError_t norm_bwd(const BwdParams& p, const DeviceInfo& dev, cudaStream_t str
   cudaError_t e = cudaSuccess;
   if (s.group_kernel) {
     const Plan& pl = s.plan;
-    if (p.dx) e = cudaMemsetAsync(ws.xchg.slots, 0, ws.xchg_bytes, stream);
     if constexpr (std::is_same_v<A, float>)
-      if (e == cudaSuccess) {
-        const LaunchConfig lc(dim3(unsigned(s.grid)), dim3(unsigned(pl.cta_threads + 32)), s.dyn_smem, 1, stream,
-                              false, true);
-        e = launch_with(lc, s.group_kernel, p, GroupLayout{pl.cta_threads, pl.csize}, ws.part_w, ws.part_b,
-                        ws.xchg);
-      }
+      e = launch_groups(s.group_kernel, pl, s.nparts, s.dyn_smem, ws.xchg, stream, p,
+                        GroupLayout{pl.cta_threads, pl.csize}, ws.part_w, ws.part_b, ws.xchg);
   } else if (s.registers) {
     const Plan& pl = s.plan;
     auto kernel = bwd_kernel_for<DT, DW>(pl, s.variant);
