@@ -53,7 +53,8 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
   // are re-read, unless one CTA of registers keeps a full SM of bytes in flight.
   const XSmemTuning xs;
   const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays);
-  const bool full_cta = r.csize == 1 && register_inflight(r, cols, elem) >= xs.max_inflight;
+  const bool full_cta = r.csize == 1 && register_inflight(r, cols, elem) >= xs.max_inflight &&
+                        !reread_despite_inflight(r, elem, cols * w_bytes * w_arrays > cols * elem);
   const bool reread_row = !bwd && vec_ok && cc == 9 && elem <= 4 && cols * elem >= xs.min_row_bytes &&
                           cols * elem <= kRereadMaxRow;
   EXPECT_EQ(p.reread, reread_row && r.registers && !full_cta);
@@ -220,13 +221,22 @@ TEST(LaunchPlan, RowsOf16To80KbAreReread) {
   for (int64_t cols : {12288, 16384, 20480}) EXPECT_TRUE(make_plan(1 << 12, cols, 4, 4, true, false, dev, 4).reread);
   EXPECT_TRUE(make_plan(1 << 12, 24576, 2, 4, true, false, dev, 4, 2).reread);
   // Kept in one CTA of registers, 64 KB in flight an SM: bf16 8192 and
-  // 16384, fp32 4096 and 8192.
+  // 16384 (RMSNorm's, or LayerNorm's without bias), fp32 4096 and 8192.
   for (int64_t cols : {8192, 16384}) {
-    const Plan r = make_plan(1 << 13, cols, 2, 4, true, false, dev, 2);
+    const Plan r = make_plan(1 << 13, cols, 2, 4, true, false, dev, 2, 1);
     EXPECT_FALSE(r.reread || r.x_smem);
     EXPECT_EQ(r.csize, 1);
     EXPECT_FALSE(make_plan(1 << 13, cols / 2, 4, 4, true, false, dev, 4).reread);
+    EXPECT_FALSE(make_plan(1 << 13, cols / 2, 4, 4, true, false, dev, 4, 1).reread);
   }
+  // ... but LayerNorm's 16-bit 16384 with weight and bias (two 512-thread
+  // CTAs an SM, 64 KB of parameters against 32 KB of row), or with fp32
+  // ones, is re-read (reread_despite_inflight); its 8192 (256-thread CTAs)
+  // is not.
+  EXPECT_TRUE(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 2, 2).reread);
+  EXPECT_TRUE(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 4, 2).reread);
+  EXPECT_EQ(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 2, 2).cta_threads, 512);
+  EXPECT_FALSE(make_plan(1 << 14, 8192, 2, 4, true, false, dev, 2, 2).reread);
   // fp32 12288 and 16384 without weight and bias: one CTA of 128-byte
   // register threads keeps 96-128 KB in flight, so the row stays in one CTA
   // of shared memory (v18c).

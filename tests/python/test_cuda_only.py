@@ -152,9 +152,9 @@ def test_misaligned_pointers(kind, dtype, hidden, layout, seed):
 # --- hidden-size and row-count sweeps -------------------------------------------
 
 # 4096-65536 include rows re-read from L1 (16-80 KB: fp32 6144, bf16 12288
-# and 24576, fp32 from 12288 to 16384; sm_90), one-CTA register rows (bf16
-# 16384) and register clusters that stage the next row (bf16 49152 and 65536,
-# fp32 from 24576).
+# and 24576, fp32 from 12288 to 16384, LayerNorm's 16-bit 16384; sm_90),
+# one-CTA register rows (RMSNorm's 16-bit 16384) and register clusters that
+# stage the next row (bf16 49152 and 65536, fp32 from 24576).
 SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 1000, 1023, 1024, 1025, 4096, 5120, 6144, 7168, 8191, 12288,
                 14336, 16384, 24576, 32768, 49152, 65536, 65537, 131072, 262144]
 
@@ -187,10 +187,11 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
 
 @kinds
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [24576, 65536])
+@pytest.mark.parametrize("hidden", [16384, 24576, 65536])
 def test_long_rows_float32_params(kind, dtype, hidden, seed):
-    """16-bit rows with float32 weight (and bias) over many rows: 24576 is
-    re-read (fwd_reread_kernel.cuh); at 65536 RMSNorm's clusters cache the
+    """16-bit rows with float32 weight (and bias) over many rows: 24576, and
+    LayerNorm's 16384, are re-read (fwd_reread_kernel.cuh; RMSNorm's 16384
+    is one CTA of registers); at 65536 RMSNorm's clusters cache the
     weight alone (the cache is sized by the arrays it holds) and stage the
     next row beside it, and LayerNorm's weight and bias take a cluster
     without the cache."""

@@ -204,7 +204,8 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
 // 16-byte accesses of 2- and 4-byte types from XSmemTuning::min_row_bytes to
 // kRereadMaxRow take it on sm_90, except where the register plan is one CTA
 // that keeps max_inflight bytes in flight (bf16 8192 and 16384, fp32 4096
-// and 8192: there the register rows ran 1.5-3.8 points ahead).  Measured on
+// and 8192: there the register rows ran 1.5-3.8 points ahead), unless
+// reread_despite_inflight (below).  Measured on
 // H200 only: sm_80 has 192 KB of L1 and shared memory, not 256, and newer
 // GPUs run the kernel from compute_90 PTX, whose JIT ignores the launch
 // bounds' CTAs an SM.  H200, % of copy bandwidth, LN / RMS, plan -> re-read
@@ -218,6 +219,20 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
 constexpr int kRereadCta = 1024;
 constexpr int kRereadAccesses = 4;
 constexpr int64_t kRereadMaxRow = 80 * 1024;
+
+// One-CTA register rows that keep max_inflight bytes in flight an SM stay in
+// registers, except 16-bit rows of kMaxCta threads (two CTAs an SM) whose
+// weight and bias come to more bytes than the row: LayerNorm's 16-bit
+// 16384 with both, where the register row also converts and reads two
+// parameter arrays an element.  H200, % of copy bandwidth, register ->
+// re-read (docs/performance.md v20b): LN fp16 16384 90.2 -> 91.7, bf16
+// 90.8 -> 91.6, bf16 x with fp32 weight and bias 75.8 -> 80.9; the rows it
+// leaves alone measured behind: RMS fp16 16384 95.0 -> 92.3, LN without
+// bias bf16 16384 91.9 -> 91.9, LN bf16 8192 (256 threads, four CTAs an SM)
+// 92.7 -> 89.1, LN fp32 8192 96.6 -> 93.7.
+inline bool reread_despite_inflight(const Plan& r, int elem_bytes, bool params_outweigh_row) {
+  return elem_bytes == 2 && r.cta_threads == kMaxCta && params_outweigh_row;
+}
 
 inline Plan reread_layout(int64_t rows, int64_t nvec, int vec) {
   Plan p;
@@ -351,10 +366,12 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
   const int64_t row_bytes = cols * elem_bytes;
   if (bwd || !vec_ok || !r.registers || r.group || row_bytes < xs.min_row_bytes) return r;
   const bool inflight_ok = register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
-  if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow && !(r.csize == 1 && inflight_ok))
+  const bool params_outweigh_row = cols * w_bytes * w_arrays > row_bytes;
+  if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow &&
+      !(r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes, params_outweigh_row)))
     return reread_layout(rows, cols / r.vec, r.vec);
   const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes &&
-                       (dev.cc_major < 9 || cols * w_bytes * w_arrays <= row_bytes);
+                       (dev.cc_major < 9 || !params_outweigh_row);
   if (!one_cta && inflight_ok) return r;
   const Plan s = x_smem_plan(rows, cols, elem_bytes, dev, xs);
   return s.registers ? s : r;
