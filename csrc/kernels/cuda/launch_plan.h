@@ -227,8 +227,8 @@ constexpr int64_t kRereadMaxRow = 80 * 1024;
 // parameter arrays an element.  H200, % of copy bandwidth, register ->
 // re-read (docs/performance.md v20b): LN fp16 16384 90.2 -> 91.7, bf16
 // 90.8 -> 91.6, bf16 x with fp32 weight and bias 75.8 -> 80.9; the rows it
-// leaves alone measured behind: RMS fp16 16384 95.0 -> 92.3, LN without
-// bias bf16 16384 91.9 -> 91.9, LN bf16 8192 (256 threads, four CTAs an SM)
+// leaves alone measured behind or level: RMS fp16 16384 95.0 -> 92.3, LN
+// without bias bf16 16384 91.9 -> 91.9, LN bf16 8192 (256 threads, four CTAs an SM)
 // 92.7 -> 89.1, LN fp32 8192 96.6 -> 93.7.
 inline bool reread_despite_inflight(const Plan& r, int elem_bytes, bool params_outweigh_row) {
   return elem_bytes == 2 && r.cta_threads == kMaxCta && params_outweigh_row;
@@ -367,8 +367,9 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
   if (bwd || !vec_ok || !r.registers || r.group || row_bytes < xs.min_row_bytes) return r;
   const bool inflight_ok = register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
   const bool params_outweigh_row = cols * w_bytes * w_arrays > row_bytes;
-  if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow &&
-      !(r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes, params_outweigh_row)))
+  const bool keep_registers =
+      r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes, params_outweigh_row);
+  if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow && !keep_registers)
     return reread_layout(rows, cols / r.vec, r.vec);
   const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes &&
                        (dev.cc_major < 9 || !params_outweigh_row);
