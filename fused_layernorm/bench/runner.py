@@ -134,9 +134,12 @@ def _row(plan: Plan, base: dict, direction: str, t_us: Optional[float], status: 
 
 
 def run_small(plan: Plan, peers, rows_list: Sequence[int], hidden: int, dtype: str,
-              calls: int = 300, loops: int = 15) -> List[dict]:
+              calls: int = 300, loops: int = 31) -> List[dict]:
     """Per-call wall time through the Python API for tiny batches.  The peers of
-    one case take turns loop by loop, so that drifts of the host hit all alike."""
+    one case take turns loop by loop, so that drifts of the host hit all alike.
+    The median of 31 loops: with 15, one host-bound forward+backward case read
+    7% over eager in one run and 6-15% under it in three reruns on the same
+    machine (docs/performance.md v21d)."""
     out: List[dict] = []
     sync = torch.cuda.synchronize if plan.device == "cuda" else (lambda: None)
     for op in plan.ops:
