@@ -39,11 +39,6 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
   constexpr int AHEAD = STAGES - 1 - LAG;
   constexpr int NB = LAG + 1;  // shared exchange buffers: a row's are reused NB rows later
   static_assert(LAG >= 1 && AHEAD >= 1, "a row in flight and a row between sums and dx");
-  // The exchange warp publishes row j and then collects row j + 1 - LAG, so
-  // a CTA publishing row j has collected row j - LAG, and every CTA had
-  // published that row after collecting row j + 1 - 2 LAG: all have read the
-  // slots of rows up to there, and row j may take the buffer of row j - 2 LAG.
-  static_assert(kGroupXchgBufs >= 2 * LAG, "a slot is rewritten only after every CTA has read it");
   // 16-bit x: xhat and dx's correction one FMA an element (norm_bwd_rows' kFold).
   constexpr bool kFold = sizeof(T) == 2;
   __shared__ A warp_sums[NB][kMaxCtaThreads / 32][2];
@@ -53,10 +48,10 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
   const uint32_t stage_base = smem_addr(dyn_smem);
 
   const int tpr = lay.tpr, G = lay.size, nwarps = tpr / 32;
-  const int rank = int(blockIdx.x) % G;
-  const int64_t group = blockIdx.x / G, ngroups = gridDim.x / G;
+  const GroupPlace gp = group_place(G, p.rows);
+  const int rank = gp.rank;
   const int64_t n = p.cols;
-  const int64_t rows_g = group < p.rows ? (p.rows - group + ngroups - 1) / ngroups : 0;
+  const int64_t rows_g = gp.rows;
   const bool want_dx = p.dx != nullptr;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
@@ -69,7 +64,7 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
 
   if (warp == nwarps) {  // the exchange warp
     if (!want_dx) return;
-    unsigned long long* slots = xg.slots + group * kGroupXchgBufs * G * 2;
+    unsigned long long* slots = xg.slots + gp.group * kGroupXchgBufs * G * 2;
     auto publish = [&](int64_t j) {
       const int b = int(j % NB);
       mbar_wait(smem_addr(&sums_ready[b]), uint32_t(j / NB) & 1u);
@@ -106,7 +101,7 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
   // The compute threads.  Columns: access i of thread t of CTA r holds
   // elements ((i * G + r) * tpr + t) * VEC onwards.
   auto col = [&](int i) { return (int64_t(i * G + rank) * tpr + tid) * VEC; };
-  auto row_of = [&](int64_t j) { return group + j * ngroups; };
+  auto row_of = [&](int64_t j) { return gp.row(j); };
   // Stage s, access i, x (0) or dy (1): this thread's 16-byte slot.
   auto slot = [&](int s, int i, int which) {
     return stage_base + uint32_t((((s * NV + i) * 2 + which) * tpr + tid) * 16);
@@ -229,7 +224,7 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
     }
   }
   cp_async_wait<0>();
-  store_partial_row<NV, VEC>(rw, rb, part_w, part_b, group, n, col);
+  store_partial_row<NV, VEC>(rw, rb, part_w, part_b, gp.group, n, col);
 }
 
 }  // namespace fln::cuda

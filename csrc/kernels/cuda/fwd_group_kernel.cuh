@@ -35,9 +35,6 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
   constexpr int AHEAD = STAGES - 1 - LAG;
   constexpr int NB = LAG + 1;  // shared exchange buffers: a row's are reused NB rows later
   static_assert(LAG >= 1 && AHEAD >= 1, "a row in flight and a row between sums and y");
-  // As in the backward: the exchange warp publishes row j, then collects row
-  // j + 1 - LAG, so row j may take the global buffer of row j - 2 LAG.
-  static_assert(kGroupXchgBufs >= 2 * LAG, "a slot is rewritten only after every CTA has read it");
   constexpr int kSlotsPerLane = kMaxGroupCtas / 32;
   __shared__ A warp_sums[NB][kMaxCtaThreads / 32][2];
   __shared__ A totals[NB][2];  // mean, rstd
@@ -46,12 +43,12 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
   const uint32_t stage_base = smem_addr(dyn_smem);
 
   const int tpr = lay.tpr, G = lay.size, nwarps = tpr / 32;
-  const int rank = int(blockIdx.x) % G;
-  const int64_t group = blockIdx.x / G, ngroups = gridDim.x / G;
+  const GroupPlace gp = group_place(G, p.rows);
+  const int rank = gp.rank;
   const int64_t n = p.cols;
-  const int64_t rows_g = group < p.rows ? (p.rows - group + ngroups - 1) / ngroups : 0;
+  const int64_t rows_g = gp.rows;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  auto row_of = [&](int64_t j) { return group + j * ngroups; };
+  auto row_of = [&](int64_t j) { return gp.row(j); };
   // Columns: access i of thread t of CTA r holds elements ((i * G + r) * tpr
   // + t) * VEC onwards.  Elements of a row that `width` threads from thread
   // `first` of CTA r hold (n is a multiple of VEC).
@@ -79,7 +76,7 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
   __syncthreads();  // the only CTA-wide barrier
 
   if (warp == nwarps) {  // the exchange warp
-    unsigned long long* slots = xg.slots + group * kGroupXchgBufs * G * 2;
+    unsigned long long* slots = xg.slots + gp.group * kGroupXchgBufs * G * 2;
     const int wl = lane % 16;  // the compute warp whose pair this lane reads
     const A c_warp = wl < nwarps ? held(rank, wl * 32, 32) : A(0), c_cta = held(rank, 0, tpr);
     A c_slot[kSlotsPerLane];  // the elements of the CTAs whose slots this lane collects

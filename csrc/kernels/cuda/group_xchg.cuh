@@ -19,6 +19,24 @@ struct GroupLayout {
   int size;
 };
 
+// A CTA's place among the row groups: its rank in its group of G CTAs, its
+// group, and the rows the group walks (group, group + ngroups, ...).
+struct GroupPlace {
+  int rank;
+  int64_t group, ngroups;
+  int64_t rows;  // rows of the walk
+  __device__ __forceinline__ int64_t row(int64_t j) const { return group + j * ngroups; }
+};
+
+__device__ __forceinline__ GroupPlace group_place(int G, int64_t rows) {
+  GroupPlace g;
+  g.rank = int(blockIdx.x) % G;
+  g.group = blockIdx.x / G;
+  g.ngroups = gridDim.x / G;
+  g.rows = g.group < rows ? (rows - g.group + g.ngroups - 1) / g.ngroups : 0;
+  return g;
+}
+
 // Global exchange memory, zeroed before the launch: slots[group][buffer][CTA],
 // each two 64-bit words (first sum, tag) and (second sum, tag), tag = the
 // row's index in the group's walk + 1.  A word is written and read as one
@@ -30,8 +48,8 @@ struct GroupLayout {
 // ordering the protocol needs, that a CTA rewrites a buffer only after every
 // CTA's loads of it have returned, comes from its store being issued only
 // once the tags it polled (which other CTAs stored after those loads) were
-// seen.  A group cycles through kGroupXchgBufs buffers (each kernel's
-// comment says why that is enough).
+// seen.  A group cycles through kGroupXchgBufs buffers (group_exchange_walk
+// says why that is enough).
 struct GroupXchg {
   unsigned long long* slots;
 };
@@ -87,9 +105,12 @@ __device__ __forceinline__ void group_poll(const unsigned long long* slots, int 
 // The exchange warp's walk over its group's rows_g rows: publish row j, then
 // collect row j + 1 - LAG, so a row's totals are collected while the compute
 // warps sum the LAG - 1 rows after it, and before they need them LAG rows
-// later.
+// later.  A CTA publishing row j has collected row j - LAG, and every CTA had
+// published that row after collecting row j + 1 - 2 LAG: all have read the
+// slots of rows up to there, so row j may take the buffer of row j - 2 LAG.
 template <int LAG, typename Publish, typename Collect>
 __device__ __forceinline__ void group_exchange_walk(int64_t rows_g, Publish publish, Collect collect) {
+  static_assert(kGroupXchgBufs >= 2 * LAG, "a slot is rewritten only after every CTA has read it");
   for (int64_t j = 0; j < rows_g; ++j) {
     publish(j);
     if (j + 1 >= LAG) collect(j + 1 - LAG);
