@@ -69,12 +69,15 @@ def test_sanitize_short_rows(kind, dtype, hidden, seed):
 @pytest.mark.sanitize
 @kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [6144, 12288])
+@pytest.mark.parametrize("hidden", [6144, 12288, 49160])
 def test_sanitize_staged_rows(kind, dtype, hidden, seed):
     """Aligned rows through the backward's cp.async paths, fwd + bwd: bf16
     6144 and 12288 take the two-row pipe (one CTA; a 2-CTA cluster), fp32
     12288 a staged cluster.  301 rows give the persistent CTAs several
-    iterations and leave half of a last pair."""
+    iterations and leave half of a last pair.  49160 runs the forward's
+    staged clusters with a last access that ends inside a CTA's slice
+    (bf16: 4 CTAs of 416 threads, the last access 2568 columns in the
+    third CTA and none in the fourth)."""
     check(make_inputs(kind, (301, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
@@ -173,7 +176,7 @@ def test_hidden_size_sweep(kind, dtype, hidden, seed):
 
 @kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [20480, 32768, 49152, 65536, 131072])
+@pytest.mark.parametrize("hidden", [20480, 32768, 49152, 49160, 65536, 131072])
 def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     """Enough rows that each persistent cluster walks several, reusing its
     weight/bias slice (cached in shared memory: 16-bit from 49152, fp32 from
