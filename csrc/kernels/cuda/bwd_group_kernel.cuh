@@ -41,9 +41,7 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
   static_assert(LAG >= 1 && AHEAD >= 1, "a row in flight and a row between sums and dx");
   // 16-bit x: xhat and dx's correction one FMA an element (norm_bwd_rows' kFold).
   constexpr bool kFold = sizeof(T) == 2;
-  __shared__ A warp_sums[NB][kMaxCtaThreads / 32][2];
-  __shared__ A totals[NB][2];
-  __shared__ alignas(8) uint64_t sums_ready[NB], totals_ready[NB];
+  __shared__ GroupHandoff<NB> ho;  // totals: sum(g xhat), sum(g)
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   const uint32_t stage_base = smem_addr(dyn_smem);
 
@@ -54,22 +52,16 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
   const int64_t rows_g = gp.rows;
   const bool want_dx = p.dx != nullptr;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  if (tid == 0) {
-    for (int b = 0; b < NB; ++b) {
-      mbar_init(&sums_ready[b], uint32_t(nwarps));
-      mbar_init(&totals_ready[b], 1);
-    }
-  }
+  if (tid == 0) ho.init(nwarps);
   __syncthreads();  // the only CTA-wide barrier
 
   if (warp == nwarps) {  // the exchange warp
     if (!want_dx) return;
     unsigned long long* slots = xg.slots + gp.group * kGroupXchgBufs * G * 2;
     auto publish = [&](int64_t j) {
-      const int b = int(j % NB);
-      mbar_wait(smem_addr(&sums_ready[b]), uint32_t(j / NB) & 1u);
-      const A c0 = butterfly_sum<16>(lane % 16 < nwarps ? warp_sums[b][lane % 16][0] : A(0));
-      const A c1 = butterfly_sum<16>(lane % 16 < nwarps ? warp_sums[b][lane % 16][1] : A(0));
+      const A(*ws)[2] = ho.wait_sums(j);
+      const A c0 = butterfly_sum<16>(lane % 16 < nwarps ? ws[lane % 16][0] : A(0));
+      const A c1 = butterfly_sum<16>(lane % 16 < nwarps ? ws[lane % 16][1] : A(0));
       if (lane == 0) group_publish(slots, G, rank, j, c0, c1);
     };
     auto collect = [&](int64_t j) {
@@ -87,12 +79,7 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
         v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
         v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
       }
-      const int b = int(j % NB);
-      if (lane == 0) {
-        totals[b][0] = v.x;
-        totals[b][1] = v.y;
-        mbar_arrive(smem_addr(&totals_ready[b]));
-      }
+      if (lane == 0) ho.put_totals(j, v.x, v.y);
     };
     group_exchange_walk<LAG>(rows_g, publish, collect);
     return;
@@ -193,21 +180,16 @@ norm_bwd_group_kernel(BwdParams p, GroupLayout lay, float* part_w, float* part_b
           s0 += __shfl_xor_sync(0xffffffffu, s0, off);
           s1 += __shfl_xor_sync(0xffffffffu, s1, off);
         }
-        const int b = int(j % NB);
-        if (lane == 0) {
-          warp_sums[b][warp][0] = s0;
-          warp_sums[b][warp][1] = s1;
-          mbar_arrive(smem_addr(&sums_ready[b]));
-        }
+        if (lane == 0) ho.put_sums(j, warp, s0, s1);
       }
     }
     if (want_dx && j >= LAG) {
       const int64_t jj = j - LAG, row = row_of(jj);
-      const int b = int(jj % NB), s = int(jj % STAGES);
-      mbar_wait(smem_addr(&totals_ready[b]), uint32_t(jj / NB) & 1u);
+      const int s = int(jj % STAGES);
+      const A* tot = ho.wait_totals(jj);
       const A mean = stat[0].mean, r = stat[0].rstd;
       // dx = g * rstd - ((x - mean) * c1 + c0), c1 = rstd^2 mean(g xhat), c0 = rstd mean(g)
-      const A c1 = totals[b][0] * inv_n * r * r, c0 = p.rms ? A(0) : totals[b][1] * inv_n * r;
+      const A c1 = tot[0] * inv_n * r * r, c0 = p.rms ? A(0) : tot[1] * inv_n * r;
       const A c0x = c0 - mean * c1;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {

@@ -36,9 +36,7 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
   constexpr int NB = LAG + 1;  // shared exchange buffers: a row's are reused NB rows later
   static_assert(LAG >= 1 && AHEAD >= 1, "a row in flight and a row between sums and y");
   constexpr int kSlotsPerLane = kMaxGroupCtas / 32;
-  __shared__ A warp_sums[NB][kMaxCtaThreads / 32][2];
-  __shared__ A totals[NB][2];  // mean, rstd
-  __shared__ alignas(8) uint64_t sums_ready[NB], totals_ready[NB];
+  __shared__ GroupHandoff<NB> ho;  // totals: mean, rstd
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   const uint32_t stage_base = smem_addr(dyn_smem);
 
@@ -67,12 +65,7 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
     const A d = c > 0 ? s / c - mean : A(0);
     return m + c * d * d;
   };
-  if (tid == 0) {
-    for (int b = 0; b < NB; ++b) {
-      mbar_init(&sums_ready[b], uint32_t(nwarps));
-      mbar_init(&totals_ready[b], 1);
-    }
-  }
+  if (tid == 0) ho.init(nwarps);
   __syncthreads();  // the only CTA-wide barrier
 
   if (warp == nwarps) {  // the exchange warp
@@ -83,9 +76,8 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
 #pragma unroll
     for (int h = 0; h < kSlotsPerLane; ++h) c_slot[h] = lane + 32 * h < G ? held(lane + 32 * h, 0, tpr) : A(0);
     auto publish = [&](int64_t j) {
-      const int b = int(j % NB);
-      mbar_wait(smem_addr(&sums_ready[b]), uint32_t(j / NB) & 1u);
-      const A s = wl < nwarps ? warp_sums[b][wl][0] : A(0), m = wl < nwarps ? warp_sums[b][wl][1] : A(0);
+      const A(*ws)[2] = ho.wait_sums(j);
+      const A s = wl < nwarps ? ws[wl][0] : A(0), m = wl < nwarps ? ws[wl][1] : A(0);
       const A s_cta = butterfly_sum<16>(s);
       const A m_cta = butterfly_sum<16>(merged(s, m, c_warp, c_cta > 0 ? s_cta / c_cta : A(0)));
       if (lane == 0) group_publish(slots, G, rank, j, s_cta, m_cta);
@@ -101,11 +93,8 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
 #pragma unroll
       for (int h = 0; h < kSlotsPerLane; ++h) m += merged(got[h].x, got[h].y, c_slot[h], mean);
       const A rstd = rsqrt_acc(butterfly_sum<32>(m) * inv_n + A(p.eps));
-      const int b = int(j % NB);
       if (lane == 0) {
-        totals[b][0] = mean;
-        totals[b][1] = rstd;
-        mbar_arrive(smem_addr(&totals_ready[b]));
+        ho.put_totals(j, mean, rstd);
         if (rank == 0) {
           if (p.mean) static_cast<A*>(p.mean)[row_of(j)] = mean;
           if (p.rstd) static_cast<A*>(p.rstd)[row_of(j)] = rstd;
@@ -180,18 +169,13 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
         }
       }
       m2 = butterfly_sum<32>(m2);
-      const int b = int(j % NB);
-      if (lane == 0) {
-        warp_sums[b][warp][0] = sum;
-        warp_sums[b][warp][1] = m2;
-        mbar_arrive(smem_addr(&sums_ready[b]));
-      }
+      if (lane == 0) ho.put_sums(j, warp, sum, m2);
     }
     if (j >= LAG) {
       const int64_t jj = j - LAG, row = row_of(jj);
-      const int b = int(jj % NB), s = int(jj % STAGES);
-      mbar_wait(smem_addr(&totals_ready[b]), uint32_t(jj / NB) & 1u);
-      const A rstd = totals[b][1], shift = -totals[b][0] * rstd;
+      const int s = int(jj % STAGES);
+      const A* tot = ho.wait_totals(jj);
+      const A rstd = tot[1], shift = -tot[0] * rstd;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         if (col(i) >= n) continue;

@@ -37,6 +37,54 @@ __device__ __forceinline__ GroupPlace group_place(int G, int64_t rows) {
   return g;
 }
 
+// The hand-off inside a CTA between its compute warps and its exchange
+// warp, for row j of the walk in buffer j % NB (a row's buffers are reused
+// NB rows later; group_exchange_walk bounds the distance): each compute
+// warp puts its pair of sums and arrives on sums_ready; the exchange warp
+// waits for them all, trades the CTA's pair with the group, puts the
+// group's pair in totals and arrives on totals_ready, which the compute
+// warps wait for.  Phases of row j: parity (j / NB) & 1.
+template <int NB>
+struct GroupHandoff {
+  float warp_sums[NB][kMaxCtaThreads / 32][2];
+  float totals[NB][2];
+  alignas(8) uint64_t sums_ready[NB], totals_ready[NB];
+
+  // Thread 0; a CTA barrier must follow before either side uses it.
+  __device__ void init(int nwarps) {
+    for (int b = 0; b < NB; ++b) {
+      mbar_init(&sums_ready[b], uint32_t(nwarps));
+      mbar_init(&totals_ready[b], 1);
+    }
+  }
+  // A compute warp's lane 0.
+  __device__ void put_sums(int64_t j, int warp, float s0, float s1) {
+    const int b = int(j % NB);
+    warp_sums[b][warp][0] = s0;
+    warp_sums[b][warp][1] = s1;
+    mbar_arrive(smem_addr(&sums_ready[b]));
+  }
+  // The exchange warp: returns row j's per-warp sums (buffer j % NB).
+  __device__ const float (*wait_sums(int64_t j))[2] {
+    const int b = int(j % NB);
+    mbar_wait(smem_addr(&sums_ready[b]), uint32_t(j / NB) & 1u);
+    return warp_sums[b];
+  }
+  // The exchange warp's lane 0.
+  __device__ void put_totals(int64_t j, float t0, float t1) {
+    const int b = int(j % NB);
+    totals[b][0] = t0;
+    totals[b][1] = t1;
+    mbar_arrive(smem_addr(&totals_ready[b]));
+  }
+  // A compute thread: returns row j's group totals.
+  __device__ const float* wait_totals(int64_t j) {
+    const int b = int(j % NB);
+    mbar_wait(smem_addr(&totals_ready[b]), uint32_t(j / NB) & 1u);
+    return totals[b];
+  }
+};
+
 // Global exchange memory, zeroed before the launch: slots[group][buffer][CTA],
 // each two 64-bit words (first sum, tag) and (second sum, tag), tag = the
 // row's index in the group's walk + 1.  A word is written and read as one
