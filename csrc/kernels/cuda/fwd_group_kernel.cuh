@@ -112,19 +112,8 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
   const A c_warp = held(rank, warp * 32, 32);
   // Weight and bias in fp32 registers, read once (1 and 0 where absent).
   A w[NV * VEC], bias[NV * VEC];
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    Frag<W, VEC> fw, fb;
-    if (p.w && col(i) < n) fw.load(static_cast<const W*>(p.w) + col(i));
-    else fw.one();
-    if (p.b && col(i) < n) fb.load(static_cast<const W*>(p.b) + col(i));
-    else fb.zero();
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      w[i * VEC + k] = fw.get(k);
-      bias[i * VEC + k] = fb.get(k);
-    }
-  }
+  group_params<W, NV, VEC, true>(p.w, col, n, w);
+  group_params<W, NV, VEC, false>(p.b, col, n, bias);
   auto issue = [&](int64_t j) {  // row j's copies into stage j % STAGES; one group, empty or not
     if (j < rows_g) {
       const T* xr = xp + row_of(j) * p.x_stride;
