@@ -338,6 +338,26 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   EXPECT_TRUE(r2.stage_x);
 }
 
+TEST(LaunchPlan, RowTicketsForStagedClustersWithManyRows) {
+  DeviceInfo dev;
+  dev.cc_major = 9;
+  // bf16 65536 (a staged 4-CTA cluster), with 62 clusters resident: the
+  // counter from 16 rows a cluster on.
+  const Plan h = make_plan(2048, 65536, 2, 4, true, false, dev, 2);
+  ASSERT_TRUE(h.stage_x);
+  EXPECT_TRUE(use_row_tickets(h, 62));
+  EXPECT_FALSE(use_row_tickets(make_plan(16 * 62 - 1, 65536, 2, 4, true, false, dev, 2), 62));
+  EXPECT_TRUE(use_row_tickets(make_plan(16 * 62, 65536, 2, 4, true, false, dev, 2), 62));
+  // Tickets are ints: not past INT32_MAX rows.
+  EXPECT_FALSE(use_row_tickets(make_plan(int64_t(INT32_MAX) + 1, 65536, 2, 4, true, false, dev, 2), 62));
+  // Clusters without the stage (bf16 x with fp32 weight and bias: no cache)
+  // keep the static schedule, and so do plans of one CTA a row.
+  const Plan m = make_plan(4096, 65536, 2, 4, true, false, dev, 4, 2);
+  EXPECT_FALSE(m.stage_x);
+  EXPECT_FALSE(use_row_tickets(m, 62));
+  EXPECT_FALSE(use_row_tickets(make_plan(1 << 20, 4096, 2, 4, true, false, dev, 2), 132));
+}
+
 TEST(LaunchPlan, BackwardElementsPerThread) {
   DeviceInfo dev;
   dev.cc_major = 9;

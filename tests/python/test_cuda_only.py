@@ -7,6 +7,7 @@ compute-sanitizer:
     compute-sanitizer --tool memcheck python -m pytest tests/python -m sanitize
 """
 import copy
+import dataclasses
 import gc
 
 import pytest
@@ -186,6 +187,24 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     threads a CTA, fp32 131072 fills 16; 16-bit 131072 takes a row group of
     16 such CTAs (global exchange)."""
     check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
+
+
+@kinds
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 65536), (torch.float16, 65536), (torch.float32, 32768),
+                                          (torch.bfloat16, 49160)], ids=["bf16-65536", "fp16-65536", "fp32-32768",
+                                                                         "bf16-49160"])
+def test_long_rows_from_row_tickets(kind, dtype, hidden, seed):
+    """Staged forward clusters with at least 16 rows each take rows past
+    their first three from a counter (use_row_tickets, launch_plan.h): 25
+    rows an SM (clusters of 2 or more CTAs, at most 3 CTAs an SM) plus 7,
+    so that clusters end on different rows; bf16 49160's last access ends
+    inside a CTA's slice.  Every row is checked, and the forward is
+    bitwise the same as one computed with fewer rows a cluster."""
+    rows = 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+    inp = make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", generator(seed))
+    res = check(inp)
+    tail = dataclasses.replace(inp, x=inp.x[-64:], grad_out=inp.grad_out[-64:])
+    assert torch.equal(run_fused(tail, backward=False).y, res.y[-64:])
 
 
 @kinds

@@ -347,6 +347,15 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
 #endif
 }
 
+// The counter's value before adding 1 (a relaxed atomic, not combined with
+// other lanes' as the compiler does atomicAdd: the result is waited for only
+// where it is used).
+__device__ __forceinline__ unsigned take_ticket(unsigned* counter) {
+  unsigned v;
+  asm volatile("atom.global.relaxed.gpu.add.u32 %0, [%1], 1;\n" : "=r"(v) : "l"(counter) : "memory");
+  return v;
+}
+
 // The address of the same shared variable in CTA `rank` of the cluster.
 __device__ __forceinline__ uint32_t map_cluster(uint32_t saddr, int rank) {
   uint32_t r = saddr;
@@ -358,12 +367,15 @@ __device__ __forceinline__ uint32_t map_cluster(uint32_t saddr, int rank) {
 
 // Stores v at a cluster shared address and signals its size to the mbarrier
 // `bar` of the same CTA.
-__device__ __forceinline__ void st_async(uint32_t addr, float v, uint32_t bar) {
+__device__ __forceinline__ void st_async(uint32_t addr, uint32_t v, uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
-               "r"(__float_as_uint(v)), "r"(bar)
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr), "r"(v),
+               "r"(bar)
                : "memory");
 #endif
+}
+__device__ __forceinline__ void st_async(uint32_t addr, float v, uint32_t bar) {
+  st_async(addr, __float_as_uint(v), bar);
 }
 __device__ __forceinline__ void st_async(uint32_t addr, double v, uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -438,6 +450,14 @@ struct RowReducer {
   }
 
   __device__ void sum(A (&v)[K]) {
+    int none = 0;
+    sum(v, none, nullptr);
+  }
+
+  // Also hands `token` from thread 0 of the cluster's CTA 0 to every thread
+  // of the cluster, through tok (NB ints of each CTA's shared memory, the
+  // same in every CTA); clusters only, and every CTA passes tok or none does.
+  __device__ void sum(A (&v)[K], int& token, int* tok) {
     const int parity = count & 1;
     const int lanes = tpr < 32 ? tpr : 32;
 #pragma unroll
@@ -466,14 +486,17 @@ struct RowReducer {
     if (kCluster && csize > 1) {  // one row per CTA: every thread holds the CTA's sums
       const int b = count % NB;
       const uint32_t bar = smem_addr(&s.bar[b]);
-      if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, uint32_t(csize * K * sizeof(A)));
+      if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, uint32_t(csize * K * sizeof(A) + (tok ? sizeof(int) : 0)));
+      if (tok && threadIdx.x < 32) token = __shfl_sync(0xffffffffu, token, 0);
       if (threadIdx.x < csize) {  // thread r pushes to CTA r
         const int me = cluster_rank();
         const uint32_t rbar = map_cluster(bar, threadIdx.x);
 #pragma unroll
         for (int k = 0; k < K; ++k) st_async(map_cluster(smem_addr(&s.cta[b][me][k]), threadIdx.x), v[k], rbar);
+        if (tok && me == 0) st_async(map_cluster(smem_addr(&tok[b]), threadIdx.x), uint32_t(token), rbar);
       }
       mbar_wait(bar, (count / NB) & 1u);
+      if (tok) token = tok[b];
       // Lane r reads CTA r's sum, then the same butterfly as above.
       const int src = threadIdx.x % 16;
 #pragma unroll

@@ -16,6 +16,10 @@ namespace fln::cuda {
 struct RowLayout {
   int tpr;    // threads of one CTA on a row (a power of two up to 32, else whole warps)
   int csize;  // CTAs of a cluster on a row (1 without clusters)
+  // Persistent clusters (csize > 1): a counter, zero at launch, from which
+  // each cluster takes its rows past its first three (null: every cluster
+  // takes every ngroups-th row).  See the kernel.
+  unsigned* row_ticket = nullptr;
 };
 
 // A thread's place in a RowLayout.  A CTA holds several rows only when tpr
@@ -140,7 +144,30 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   // STAGE: the next row's slots, [access][thread], after the cache.
   const uint32_t stage_base = STAGE ? smem_addr(bcache + (bg ? NV * blockDim.x : 0)) + threadIdx.x * 16 : 0;
   auto stage_slot = [&](int i) { return stage_base + uint32_t(i) * blockDim.x * 16; };
-  const int64_t row_step = ngroups * rpc;
+  // Which rows a staged cluster takes.  A static schedule (row group g
+  // takes rows g, g + ngroups, ...) ends with its slowest cluster, and the
+  // clusters run at different speeds: the exits of LN bf16 65536's 62
+  // clusters spread from 107 to 150 us (docs/performance.md v23a).  With
+  // lay.row_ticket, a cluster's first three rows are static and each later
+  // one is the next ticket of the counter: thread 0 of the cluster's CTA 0
+  // takes a ticket at the top of every row, and the row's first reduction
+  // hands the one it took a row earlier to the whole cluster (RowReducer's
+  // token), so the atomic's latency hides behind a row.  A cluster stops at
+  // its first ticket past the rows; the ones it took after it are past the
+  // rows too, so none in range is lost.  The unstaged clusters keep the
+  // static schedule: the token's registers made their 128-byte fp32 threads
+  // spill 50-70 bytes more.
+  constexpr bool kTickets = CLUSTER && STAGE;
+  const bool tickets = kTickets && lay.row_ticket != nullptr;  // uniform
+  const bool ticket_taker = tickets && rc.crank == 0 && threadIdx.x == 0;
+  // Two slots used, 32 bytes taken: the static shared memory stays a
+  // multiple of 32 bytes, and so does the dynamic base after it.  At 816
+  // bytes (8 more) every staged cluster ran 10-15 points slower (H200: LN
+  // bf16 65536 85 -> 73.5% of copy bandwidth, v23b).
+  __shared__ __align__(32) int ticket_slots[8];
+  int token = group - ngroups;  // ticket_taker: the ticket taken a row earlier (at first: the third row's block, less 3 * ngroups)
+  // The next two row blocks (of rpc rows), as steps from the one before.
+  int step1 = ngroups, step2 = ngroups;
   // STAGE: start the copies of `row` into the stage slots, to be waited for
   // when its turn comes.
   auto stage_row = [&](int64_t row) {
@@ -181,12 +208,21 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
     if constexpr (kCopyAsync && !STAGE) cp_async_wait_all();
   }
 
-  for (int64_t base = group * rpc; base < p.rows; base += ngroups * rpc) {
+  for (int64_t base = group * rpc; base < p.rows; base += int64_t(step1) * rpc, step1 = step2) {
     const int64_t row = base + row_in_cta;
     const bool live = row < p.rows;
     const T* xrow = xg + row * p.x_stride;  // addressed per row, offset per access
     Frag<T, VEC> xr[X_SMEM ? 1 : NV];
     if constexpr (STAGE) cp_async_wait_all();  // this row's stage slots have landed
+    int ticket = 0;
+    if (ticket_taker) ticket = int(take_ticket(lay.row_ticket));
+    // The row's first reduction (carry() true once) hands on the token.
+    bool carried = !kTickets;
+    auto carry = [&]() -> int* {
+      if (carried) return nullptr;
+      carried = true;
+      return ticket_slots;
+    };
 #pragma unroll kUnroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = col(i);
@@ -221,7 +257,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
         if (staged_next) return;
         if constexpr (sizeof(A) == 8) asm volatile("" ::"d"(a), "d"(b));
         else asm volatile("" ::"f"(a), "f"(b));
-        stage_row(base + row_step + row_in_cta);
+        stage_row(base + int64_t(step1) * rpc + row_in_cta);
         staged_next = true;
       }
     };
@@ -256,7 +292,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           m[1] += b;
         }
         stage_next(m[0], m[1]);
-        red2.sum(m);
+        red2.sum(m, token, carry());
         const A dm = m[0] * inv_n;
         mean = k0 + dm;
         var = m[1] * inv_n - dm * dm;
@@ -276,7 +312,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           s[0] += si;
         }
         stage_next(s[0], s[0]);
-        red.sum(s);
+        red.sum(s, token, carry());
         mean = s[0] * inv_n;
       }
     }
@@ -300,13 +336,15 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           q[0] += qi;
         }
         stage_next(q[0], q[0]);
-        red.sum(q);
+        red.sum(q, token, carry());
         var = q[0] * inv_n;
       };
       if (p.rms) sum_sq(std::false_type{});
       else sum_sq(std::true_type{});
     }
     const A rstd = rsqrt_acc(var + A(p.eps));
+    if (tickets) step2 = 3 * ngroups + token - int(base + step1);  // clusters: rpc = 1
+    token = ticket;
     if (live && t == 0) {
       if (p.mean) static_cast<A*>(p.mean)[row] = mean;
       if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;

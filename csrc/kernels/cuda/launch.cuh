@@ -380,9 +380,18 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
     const bool persistent = pl.csize > 1 && !pl.x_smem;
     const int resident = persistent || smem > 0 ? resident_groups(kernel, dev, pl.cta_threads, pl.csize, smem) : 1;
     if (resident > 0) {
-      if (persistent && resident < groups) groups = resident;
-      return launch(kernel, dim3(unsigned(groups * pl.csize)), dim3(pl.cta_threads), smem, pl.csize, stream, p,
-                    RowLayout{pl.tpr, pl.csize}, A(1.0 / double(p.cols)));
+      RowLayout lay{pl.tpr, pl.csize};
+      if (persistent && resident < groups) {
+        groups = resident;
+        if (use_row_tickets(pl, groups)) {
+          lay.row_ticket = static_cast<unsigned*>(ws.alloc(ws.ctx, sizeof(unsigned)));
+          if (lay.row_ticket == nullptr) return cudaErrorMemoryAllocation;
+          const cudaError_t e = cudaMemsetAsync(lay.row_ticket, 0, sizeof(unsigned), stream);
+          if (e != cudaSuccess) return e;
+        }
+      }
+      return launch(kernel, dim3(unsigned(groups * pl.csize)), dim3(pl.cta_threads), smem, pl.csize, stream, p, lay,
+                    A(1.0 / double(p.cols)));
     }
   }
   // Split path (also when a cluster plan finds no room on the device).  Its

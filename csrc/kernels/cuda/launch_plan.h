@@ -126,6 +126,19 @@ constexpr int group_cta_max(int nv) { return int(kGroupSliceBytes / (int64_t(nv)
 // At most this much, so that two CTAs still share an SM.
 constexpr int64_t kWbCacheMax = 100 * 1024;
 
+// Staged clusters (Plan::stage_x) of a persistent grid of `resident`
+// clusters take their rows past the first three from a counter
+// (RowLayout::row_ticket, fwd_kernel.cuh) where there are at least
+// kTicketMinRows rows a cluster: a static schedule waits for its slowest
+// cluster (H200, % of copy bandwidth, 2^27 elements: LN bf16 65536 85.3 ->
+// 89.5, RMS 88.5 -> 91.4, LN fp32 32768 90.0 -> 94.1; docs/performance.md
+// v23c), while the counter's zeroing costs about 1.5 us a call (LN bf16
+// 65536, 500 rows, 8 a cluster: 42.4 -> 43.6 us).  Ticket numbers are ints.
+constexpr int64_t kTicketMinRows = 16;
+inline bool use_row_tickets(const Plan& p, int64_t resident) {
+  return p.stage_x && p.csize > 1 && p.groups >= kTicketMinRows * resident && p.groups < INT32_MAX;
+}
+
 // Threads per CTA at most (kMaxCtaThreads in common.cuh): two CTAs share an
 // SM, so one's loads overlap the other's reductions.
 constexpr int kMaxCta = 512;
