@@ -150,3 +150,14 @@ else:  # intercepts
         print(f"{tag} {s} rows {r1}/{r2}/{r4}: ours {u1:.1f}/{u2:.1f}/{u4:.1f} us, copy {c1:.1f}/{c2:.1f}/{c4:.1f} us;"
               f" intercept ours {fx:.1f} copy {fc:.1f} us; slope ours {(u4-u2)/(r4-r2)*1e3:.1f} ns/row = {(b4-b2)/(u4-u2)/1e3:.0f} GB/s,"
               f" copy {(b4-b2)/(c4-c2)/1e3:.0f} GB/s ({100*(c4-c2)/(u4-u2):.1f}%)", flush=True)
+# ==== abtmp/run8.sh
+set -u
+for v in B Q; do rm -rf /tmp/$v; mkdir -p /tmp/$v; tar --exclude=./abtmp --exclude=./build --exclude=./build-cpp --exclude=./.venv -cf - . | tar -C /tmp/$v -xf -; done
+cp abtmp/base/fwd_kernel.cuh abtmp/base/launch.cuh /tmp/B/csrc/kernels/cuda/; cp abtmp/base/launch_plan.h /tmp/B/csrc/kernels/cuda/
+for v in B Q; do (cd /tmp/$v && MAX_JOBS=8 python3 setup.py build_ext --inplace > $OUT/build$v.txt 2>&1; echo $v rc $?) & done; wait
+C="ln:fwd:bf16:65536 ln:fwd:fp16:65536 rms:fwd:bf16:65536 rms:fwd:fp16:65536 ln:fwd:fp32:32768 rms:fwd:fp32:32768 ln:fwd:bf16:49152 ln:fwd:bf16:131072 rms:fwd:bf16:262144 ln:fwd:fp32:65536 rms:fwd:fp32:131072 lnmw:fwd:bf16:65536 ln:fwd:bf16:65536:500 ln:fwd:bf16:65536:1100"
+for round in 1 2 3; do
+  for v in B Q; do PYTHONPATH=/tmp/$v python3 abtmp/ab.py $v $C; done
+done 2>&1 | tee $OUT/ab.txt
+cd /tmp/Q && timeout 200 python3 -m pytest tests/python/test_cuda_only.py tests/python/test_accuracy.py -x -q -m "not sanitize" -k "long_rows or one_affine or float32_params or determin" 2>&1 | tail -2
+cd /tmp/Q && timeout 120 compute-sanitizer --tool memcheck python3 -m pytest tests/python/test_cuda_only.py -x -q -k "staged_rows" 2>&1 | tail -2

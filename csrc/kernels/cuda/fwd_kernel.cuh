@@ -160,11 +160,12 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   constexpr bool kTickets = CLUSTER && STAGE;
   const bool tickets = kTickets && lay.row_ticket != nullptr;  // uniform
   const bool ticket_taker = tickets && rc.crank == 0 && threadIdx.x == 0;
-  // Two slots used, 32 bytes taken: the static shared memory stays a
-  // multiple of 32 bytes, and so does the dynamic base after it.  At 816
-  // bytes (8 more) every staged cluster ran 10-15 points slower (H200: LN
-  // bf16 65536 85 -> 73.5% of copy bandwidth, v23b).
-  __shared__ __align__(32) int ticket_slots[8];
+  // The token's two slots: after the stage slots, in the dynamic shared
+  // memory (kTicketSlotBytes more), so that the static shared memory stays
+  // as it was: 8 more bytes of it cost every staged cluster 10-15 points
+  // (H200: LN bf16 65536 85 -> 73.5% of copy bandwidth, v23b).
+  int* const ticket_slots =
+      reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(bcache + (bg ? NV * blockDim.x : 0)) + NV * blockDim.x * 16);
   int token = group - ngroups;  // ticket_taker: the ticket taken a row earlier (at first: the third row's block, less 3 * ngroups)
   // The next two row blocks (of rpc rows), as steps from the one before.
   int step1 = ngroups, step2 = ngroups;

@@ -135,6 +135,8 @@ constexpr int64_t kWbCacheMax = 100 * 1024;
 // v23c), while the counter's zeroing costs about 1.5 us a call (LN bf16
 // 65536, 500 rows, 8 a cluster: 42.4 -> 43.6 us).  Ticket numbers are ints.
 constexpr int64_t kTicketMinRows = 16;
+// Dynamic shared memory of the row tickets' token slots (after the stage's).
+constexpr int64_t kTicketSlotBytes = 16;
 inline bool use_row_tickets(const Plan& p, int64_t resident) {
   return p.stage_x && p.csize > 1 && p.groups >= kTicketMinRows * resident && p.groups < INT32_MAX;
 }
