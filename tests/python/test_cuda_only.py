@@ -207,6 +207,19 @@ def test_long_rows_from_row_tickets(kind, dtype, hidden, seed):
     assert torch.equal(run_fused(tail, backward=False).y, res.y[-64:])
 
 
+@pytest.mark.parametrize("case", ["mean-10", "bias-only", "fp32-weight"])
+def test_row_tickets_other_paths(case, seed):
+    """Row tickets (LN bf16 65536, staged clusters, 25 rows an SM plus 7) on
+    the paths test_long_rows_from_row_tickets does not take: rows of mean 10
+    (the exact second reduction after the one that carries the ticket), the
+    bias alone in the cache, and an fp32 weight alone (no shift: the mean's
+    reduction carries the ticket and the variance's follows it)."""
+    rows = 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+    kw = {"mean-10": dict(scale=1.0, offset=10.0), "bias-only": dict(weight=False),
+          "fp32-weight": dict(bias=False, param_dtype=torch.float32)}[case]
+    check(make_inputs("ln", (rows, 65536), (65536,), torch.bfloat16, "cuda", generator(seed), **kw))
+
+
 @kinds
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [16384, 24576, 65536])

@@ -4,9 +4,10 @@
 // packed two to a register), and x is read from global memory once (plus
 // the row's first element, which every thread reads: L1 serves it).  The
 // statistics come from the registers (see kMaxShiftRatio), then y is
-// written.  Rows are visited in a grid-stride loop whose
-// trip count is uniform across a CTA and its cluster, so every thread takes
-// part in every barrier.
+// written.  Rows are visited in a grid-stride loop (staged clusters: rows
+// from a counter past the first three, see row_ticket) whose trip count is
+// uniform across a CTA and its cluster, so every thread takes part in every
+// barrier.
 #pragma once
 #include "common.cuh"
 #include "../params.h"
@@ -16,9 +17,9 @@ namespace fln::cuda {
 struct RowLayout {
   int tpr;    // threads of one CTA on a row (a power of two up to 32, else whole warps)
   int csize;  // CTAs of a cluster on a row (1 without clusters)
-  // Persistent clusters (csize > 1): a counter, zero at launch, from which
-  // each cluster takes its rows past its first three (null: every cluster
-  // takes every ngroups-th row).  See the kernel.
+  // Staged clusters (STAGE, csize > 1): a counter, zero at launch, from
+  // which each cluster takes its rows past its first three (null: every
+  // cluster takes every ngroups-th row).  See the kernel.
   unsigned* row_ticket = nullptr;
 };
 
@@ -60,7 +61,8 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 //
 // STAGE (with CACHE_WB, 16-byte accesses): each thread also copies its
 // slice of the next row into shared memory (cp.async, another NV *
-// blockDim.x * 16 bytes, its own slots after the cache) as soon as it has
+// blockDim.x * 16 bytes, its own slots after the cache, then the row
+// tickets' 16 bytes: kTicketSlotBytes) as soon as it has
 // summed the current one, and reads it back into registers when that row's
 // turn comes: the copy overlaps the cluster's reduction and the write of y.
 //

@@ -76,7 +76,8 @@ inline int64_t x_smem_bytes(int cta_threads, int nv) { return int64_t(cta_thread
 // Shared memory of the forward's weight and bias cache (Plan::cache_wb);
 // w_bytes is the weight's element size, 0 without weight and bias, and
 // w_arrays how many of the two the forward reads.  With Plan::stage_x,
-// x_smem_bytes(cta_threads, nv) more hold the next row.
+// x_smem_bytes(cta_threads, nv) more hold the next row, and kTicketSlotBytes
+// the row tickets' token (so a launch may pass kWbCacheMax by those 16).
 constexpr int64_t wb_cache_smem(int cta_threads, int nv, int vec, int w_bytes, int w_arrays) {
   return w_arrays * int64_t(cta_threads) * nv * vec * w_bytes;
 }
@@ -132,8 +133,9 @@ constexpr int64_t kWbCacheMax = 100 * 1024;
 // kTicketMinRows rows a cluster: a static schedule waits for its slowest
 // cluster (H200, % of copy bandwidth, 2^27 elements: LN bf16 65536 85.3 ->
 // 89.5, RMS 88.5 -> 91.4, LN fp32 32768 90.0 -> 94.1; docs/performance.md
-// v23c), while the counter's zeroing costs about 1.5 us a call (LN bf16
-// 65536, 500 rows, 8 a cluster: 42.4 -> 43.6 us).  Ticket numbers are ints.
+// v23c), while the counter's zeroing and the tickets cost about 1.2 us a
+// call where clusters have few rows (LN bf16 65536, 500 rows, 8 a cluster:
+// 42.4 -> 43.6 us).  Ticket numbers are ints.
 constexpr int64_t kTicketMinRows = 16;
 // Dynamic shared memory of the row tickets' token slots (after the stage's).
 constexpr int64_t kTicketSlotBytes = 16;
