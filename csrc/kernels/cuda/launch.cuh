@@ -373,8 +373,9 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
     // CTAs and rows in shared memory one CTA (or cluster) per row group
     // (persistent plain grids lost on H200, twice: v3a, v4h).
     const int64_t cache = wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW), fwd_w_arrays(p));
+    const int64_t stage = pl.stage_x ? x_smem_bytes(pl.cta_threads, pl.nv) + kTicketSlotBytes : 0;
     const size_t smem = pl.x_smem     ? size_t(x_smem_bytes(pl.cta_threads, pl.nv))
-                        : pl.cache_wb ? size_t(cache + (pl.stage_x ? x_smem_bytes(pl.cta_threads, pl.nv) + kTicketSlotBytes : 0))
+                        : pl.cache_wb ? size_t(cache + stage)
                                       : 0;
     int64_t groups = pl.groups < INT32_MAX / pl.csize ? pl.groups : INT32_MAX / pl.csize;
     const bool persistent = pl.csize > 1 && !pl.x_smem;
