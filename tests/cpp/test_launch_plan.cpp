@@ -50,13 +50,17 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
   }
   EXPECT_EQ(p.csize & (p.csize - 1), 0);  // row_coords divides by csize with a shift
   // Forward rows of 16-80 KB (16-byte accesses of 2- and 4-byte types, sm_90)
-  // are re-read, unless one CTA of registers keeps a full SM of bytes in flight.
+  // are re-read, unless one CTA of registers keeps a full SM of bytes in
+  // flight, or a staged cluster takes the row (past 48 KB where the weight
+  // and bias outweigh it, past 64 KB otherwise).
   const XSmemTuning xs;
   const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays);
+  const bool params_outweigh = cols * w_bytes * w_arrays > cols * elem;
   const bool full_cta = r.csize == 1 && register_inflight(r, cols, elem) >= xs.max_inflight &&
-                        !reread_despite_inflight(r, elem, cols * w_bytes * w_arrays > cols * elem);
+                        !reread_despite_inflight(r, elem, params_outweigh);
+  const int64_t max_row = !r.stage_x || w_bytes > elem ? 80 * 1024 : params_outweigh ? 48 * 1024 : 64 * 1024;
   const bool reread_row = !bwd && vec_ok && cc == 9 && elem <= 4 && cols * elem >= xs.min_row_bytes &&
-                          cols * elem <= kRereadMaxRow;
+                          cols * elem <= max_row;
   EXPECT_EQ(p.reread, reread_row && r.registers && !full_cta);
   if (p.reread) {  // fwd_reread_kernel.cuh: one CTA of whole warps a row
     EXPECT_EQ(p.csize, 1);
@@ -196,7 +200,7 @@ TEST(LaunchPlan, BenchmarkSizesUseRegistersOnHopper) {
   EXPECT_FALSE(make_plan(512, 262144, 2, 4, true, true, dev).registers);
 }
 
-TEST(LaunchPlan, RowsOf16To80KbAreReread) {
+TEST(LaunchPlan, RowsOf16To80KbAreRereadUnlessStaged) {
   DeviceInfo dev;
   dev.cc_major = 9;
   // bf16 12288 (24 KB): one CTA of 384 threads, 4 accesses each.
@@ -204,22 +208,41 @@ TEST(LaunchPlan, RowsOf16To80KbAreReread) {
   EXPECT_TRUE(a.reread);
   EXPECT_EQ(a.cta_threads, 384);
   EXPECT_EQ(a.nv, 4);
-  // bf16 24576 (48 KB): 768 threads; 32768 (64 KB, LN or RMS): 1024; 40960
-  // (80 KB): 1024 threads of 5 accesses.
+  // bf16 24576 (48 KB): 768 threads, with weight and bias too; 32768 (64
+  // KB, RMSNorm's or without any parameter): 1024.
   EXPECT_EQ(make_plan(1 << 12, 24576, 2, 4, true, false, dev, 2).cta_threads, 768);
-  for (int w_arrays : {0, 1, 2}) {
+  for (int w_arrays : {0, 1}) {
     const Plan b = make_plan(1 << 12, 32768, 2, 4, true, false, dev, 2, w_arrays);
     EXPECT_TRUE(b.reread);
     EXPECT_EQ(b.cta_threads, 1024);
     EXPECT_EQ(b.nv, 4);
   }
-  const Plan c = make_plan(1 << 11, 40960, 2, 4, true, false, dev, 2);
+  // 40960 (80 KB) without a staged cluster (no weight and bias to cache):
+  // 1024 threads of 5 accesses.
+  const Plan c = make_plan(1 << 11, 40960, 2, 4, true, false, dev, 0, 0);
   EXPECT_TRUE(c.reread);
   EXPECT_EQ(c.cta_threads, 1024);
   EXPECT_EQ(c.nv, 5);
-  // fp32 12288, 16384 and 20480, and 16-bit x with fp32 weight and bias.
-  for (int64_t cols : {12288, 16384, 20480}) EXPECT_TRUE(make_plan(1 << 12, cols, 4, 4, true, false, dev, 4).reread);
-  EXPECT_TRUE(make_plan(1 << 12, 24576, 2, 4, true, false, dev, 4, 2).reread);
+  // fp32 12288 (48 KB) with weight and bias, fp32 16384 with a weight only,
+  // and 16-bit x with fp32 weight and bias, whose staged clusters lost
+  // (40960) where the cache leaves room to stage at all.
+  EXPECT_TRUE(make_plan(1 << 12, 12288, 4, 4, true, false, dev, 4).reread);
+  EXPECT_TRUE(make_plan(1 << 12, 16384, 4, 4, true, false, dev, 4, 1).reread);
+  for (int64_t cols : {24576, 32768, 40960}) EXPECT_TRUE(make_plan(1 << 12, cols, 2, 4, true, false, dev, 4, 2).reread);
+  EXPECT_TRUE(register_plan(1 << 12, 40960, 2, 4, true, false, dev, 4, 2).stage_x);
+  // Staged clusters instead (reread_max_row): past 48 KB where LayerNorm's
+  // weight and bias outweigh the row (bf16 28672-40960, fp32 16384 and
+  // 20480), past 64 KB otherwise (bf16 40960 RMSNorm's, fp32 20480).
+  for (int64_t cols : {28672, 32768, 36864, 40960}) {
+    const Plan s = make_plan(1 << 12, cols, 2, 4, true, false, dev, 2, 2);
+    EXPECT_FALSE(s.reread);
+    EXPECT_TRUE(s.stage_x);
+    EXPECT_GT(s.csize, 1);
+  }
+  for (int64_t cols : {16384, 20480}) EXPECT_TRUE(make_plan(1 << 12, cols, 4, 4, true, false, dev, 4, 2).stage_x);
+  EXPECT_TRUE(make_plan(1 << 12, 40960, 2, 4, true, false, dev, 2, 1).stage_x);
+  EXPECT_TRUE(make_plan(1 << 12, 20480, 4, 4, true, false, dev, 4, 1).stage_x);
+  EXPECT_TRUE(make_plan(1 << 12, 36864, 2, 4, true, false, dev, 2, 1).stage_x);
   // Kept in one CTA of registers, 64 KB in flight an SM: bf16 8192 and
   // 16384 (RMSNorm's, or LayerNorm's without bias), fp32 4096 and 8192.
   for (int64_t cols : {8192, 16384}) {
@@ -332,7 +355,7 @@ TEST(LaunchPlan, LongRowsTakeFewerCtas) {
   EXPECT_FALSE(make_plan(512, 65536, 2, 4, true, false, dev, 4, 2).cache_wb);
   // bf16 x with an fp32 weight, 24576: a 2-CTA cluster that caches the
   // weight and stages the next row.
-  // (make_plan re-reads that row: RowsOf16To80KbAreReread.)
+  // (make_plan re-reads that row: RowsOf16To80KbAreRereadUnlessStaged.)
   const Plan r2 = register_plan(1 << 12, 24576, 2, 4, true, false, dev, 4, 1);
   EXPECT_EQ(r2.csize, 2);
   EXPECT_TRUE(r2.stage_x);

@@ -91,9 +91,12 @@ def test_sanitize_staged_rows(kind, dtype, hidden, seed):
 def test_sanitize_reread_rows(kind, dtype, hidden, offset, seed):
     """The forward that reads its row twice (rows of 16-80 KB): CTAs from
     288 threads (bf16 8200) to 1024 (bf16 40960, fp32 20480: 5 accesses a
-    thread, the last walk partial); rows of mean 8 (mean^2 > 8 var) take its
-    third walk.  37 rows, fwd + bwd."""
-    check(make_inputs(kind, (37, hidden), (hidden,), dtype, "cuda", generator(seed), scale=1.0, offset=offset))
+    thread, the last walk partial; without weight and bias, which would send
+    those rows to staged clusters, reread_max_row); rows of mean 8 (mean^2 >
+    8 var) take its third walk.  37 rows, fwd + bwd."""
+    affine = hidden * dtype.itemsize <= 48 * 1024
+    check(make_inputs(kind, (37, hidden), (hidden,), dtype, "cuda", generator(seed), scale=1.0, offset=offset,
+                      weight=affine, bias=affine))
 
 
 @pytest.mark.sanitize
@@ -156,9 +159,10 @@ def test_misaligned_pointers(kind, dtype, hidden, layout, seed):
 # --- hidden-size and row-count sweeps -------------------------------------------
 
 # 4096-65536 include rows re-read from L1 (16-80 KB: fp32 6144, bf16 12288
-# and 24576, fp32 from 12288 to 16384, LayerNorm's 16-bit 16384; sm_90),
-# one-CTA register rows (RMSNorm's 16-bit 16384) and register clusters that
-# stage the next row (bf16 49152 and 65536, fp32 from 24576).
+# and 24576, fp32 12288, RMSNorm's fp32 16384 and 16-bit 32768, LayerNorm's
+# 16-bit 16384; sm_90), one-CTA register rows (RMSNorm's 16-bit 16384) and
+# register clusters that stage the next row (bf16 49152 and 65536, fp32 from
+# 24576, LayerNorm's fp32 16384 and 16-bit 32768).
 SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 1000, 1023, 1024, 1025, 4096, 5120, 6144, 7168, 8191, 12288,
                 14336, 16384, 24576, 32768, 49152, 65536, 65537, 131072, 262144]
 
@@ -181,8 +185,9 @@ def test_hidden_size_sweep(kind, dtype, hidden, seed):
 def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     """Enough rows that each persistent cluster walks several, reusing its
     weight/bias slice (cached in shared memory: 16-bit from 49152, fp32 from
-    32768; 16-bit 20480 and 32768 and fp32 20480 are re-read, one CTA a
-    row).  The backward runs clusters of up to 16 CTAs of 16 elements a
+    32768, and LayerNorm's 16-bit 32768 and fp32 20480, reread_max_row);
+    16-bit 20480 and RMSNorm's 16-bit 32768 and fp32 20480 are re-read, one
+    CTA a row.  The backward runs clusters of up to 16 CTAs of 16 elements a
     thread: 16-bit 49152 and 65536 and fp32 65536 fill 8 with 384-512
     threads a CTA, fp32 131072 fills 16; 16-bit 131072 takes a row group of
     16 such CTAs (global exchange)."""
@@ -205,6 +210,20 @@ def test_long_rows_from_row_tickets(kind, dtype, hidden, seed):
     res = check(inp)
     tail = dataclasses.replace(inp, x=inp.x[-64:], grad_out=inp.grad_out[-64:])
     assert torch.equal(run_fused(tail, backward=False).y, res.y[-64:])
+
+
+@kinds
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 28672), (torch.float16, 32768), (torch.bfloat16, 40960),
+                                          (torch.float32, 16384), (torch.float32, 20480), (torch.bfloat16, 36872)],
+                         ids=["bf16-28672", "fp16-32768", "bf16-40960", "fp32-16384", "fp32-20480", "bf16-36872"])
+def test_staged_rows_past_reread(kind, dtype, hidden, seed):
+    """Rows of 56-80 KB that staged clusters take instead of the re-read
+    kernel (reread_max_row, launch_plan.h): LayerNorm's from 48 KB (its
+    weight and bias outweigh the row), RMSNorm's from 64 KB; below that,
+    RMSNorm's rows are re-read.  25 rows an SM plus 7 take row tickets;
+    bf16 36872 ends inside a CTA's slice.  Every row against float64."""
+    rows = 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+    check(make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
 @pytest.mark.parametrize("case", ["mean-10", "bias-only", "fp32-weight"])

@@ -113,6 +113,21 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   __shared__ ReduceSmem<A, 1> smem;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   const RowCoords rc = row_coords(lay);
+  // The dynamic shared memory follows the static (the window's 1 KB
+  // reserved, then this kernel's two ReduceSmem: 800 bytes with fp32 sums).
+  // Staged clusters pad the static to a multiple of 128 bytes, so that their
+  // cache and stage, filled by 16-byte cp.async, start on a 128-byte
+  // boundary instead of 32 bytes past one (H200, % of copy bandwidth: LN
+  // bf16 65536 89.8 -> 90.8, fp16 90.2 -> 91.2, bf16 131072 89.7 -> 91.0,
+  // RMS bf16 262144 90.6 -> 91.8; docs/performance.md v24a); 8 bytes more,
+  // 16 off a 32-byte boundary, had cost them 10-15 points (v23b).  The asm
+  // keeps the otherwise unused padding.
+  if constexpr (STAGE) {
+    constexpr int kStatic = int(sizeof(ReduceSmem<A, 1>) + sizeof(ReduceSmem<A, 2>));
+    static_assert(kStatic % 16 == 0, "the padding rounds up 16-byte-aligned buffers");
+    __shared__ __align__(16) unsigned char pad[kStatic % 128 ? 128 - kStatic % 128 : 128];
+    asm volatile("" ::"r"(smem_addr(pad)));
+  }
   const int tpr = lay.tpr, rpc = rc.rpc, row_in_cta = rc.row_in_cta, stride = rc.stride, t = rc.t;
   const int64_t group = rc.group, ngroups = rc.ngroups;
   // 64-bit columns: with int columns the shared-memory kernels (X_SMEM) ran

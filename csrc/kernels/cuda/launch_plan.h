@@ -38,8 +38,9 @@ constexpr int kShortRowCta = 128;
 
 // Forward rows kept in shared memory (Plan::x_smem).  On sm_90 the rows of
 // 16-80 KB of 2- and 4-byte types are re-read instead (kRereadMaxRow), except
-// one-CTA register rows; what follows decides the rest (rows past 80 KB,
-// fp64, sm_80) and dates from before v18a.  A register plan keeps
+// one-CTA register rows and the longer rows of staged clusters; what
+// follows decides the rest (rows past 80 KB, fp64, sm_80) and dates from
+// before v18a.  A register plan keeps
 // at most 64K registers of 64 per thread busy on an SM, and CTAs of 384 or
 // 448 threads leave a quarter or an eighth of that idle: too few bytes of rows
 // in flight.  Rows of at least min_row_bytes whose register plan keeps less
@@ -222,7 +223,8 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
 // kRereadMaxRow take it on sm_90, except where the register plan is one CTA
 // that keeps max_inflight bytes in flight (bf16 8192 and 16384, fp32 4096
 // and 8192: there the register rows ran 1.5-3.8 points ahead), unless
-// reread_despite_inflight (below).  Measured on
+// reread_despite_inflight (below), and except the longer rows of staged
+// clusters (reread_max_row, below).  Measured on
 // H200 only: sm_80 has 192 KB of L1 and shared memory, not 256, and newer
 // GPUs run the kernel from compute_90 PTX, whose JIT ignores the launch
 // bounds' CTAs an SM.  H200, % of copy bandwidth, LN / RMS, plan -> re-read
@@ -249,6 +251,27 @@ constexpr int64_t kRereadMaxRow = 80 * 1024;
 // 92.7 -> 89.1, LN fp32 8192 96.6 -> 93.7.
 inline bool reread_despite_inflight(const Plan& r, int elem_bytes, bool params_outweigh_row) {
   return elem_bytes == 2 && r.cta_threads == kMaxCta && params_outweigh_row;
+}
+
+// The longest row re-read where the register plan is a staged cluster
+// (Plan::stage_x, with row tickets) and the weight and bias are of x's
+// dtype: the rows of two CTAs an SM and their weight and bias must stay in
+// L1 for the second walk, and past that the staged cluster runs ahead, from
+// 48 KB where LayerNorm's weight and bias outweigh the row, from 64 KB
+// otherwise.  H200, % of copy bandwidth, re-read -> staged cluster
+// (docs/performance.md v24b): LN bf16 28672 91.4 -> 92.1, 32768 89.8 ->
+// 91.3, 36864 85.0 -> 91.3, 40960 84.9 -> 91.8, fp16 32768 89.9 -> 91.4,
+// fp32 18432 89.9 -> 96.1, 20480 89.8 -> 96.3; RMS bf16 36864 91.2 -> 93.1,
+// 40960 91.1 -> 93.0, fp32 18432 94.0 -> 96.1, LN without bias bf16 36864
+// 89.9 -> 92.9; but RMS bf16 28672 94.2 -> 93.0, 32768 93.2 -> 91.4, fp32
+// 16384 96.5 -> 95.1, LN without bias bf16 32768 92.7 -> 90.9.  16-bit x
+// with fp32 weight and bias stays re-read: its staged cluster lost 12-14
+// points (LN bf16 36864 70.3 -> 56.1, 40960 71.1 -> 59.1).
+constexpr int64_t kRereadMaxStagedRow = 64 * 1024;
+constexpr int64_t kRereadMaxStagedRowParams = 48 * 1024;
+inline int64_t reread_max_row(const Plan& r, int elem_bytes, int w_bytes, bool params_outweigh_row) {
+  if (!r.stage_x || w_bytes > elem_bytes) return kRereadMaxRow;
+  return params_outweigh_row ? kRereadMaxStagedRowParams : kRereadMaxStagedRow;
 }
 
 inline Plan reread_layout(int64_t rows, int64_t nvec, int vec) {
@@ -386,7 +409,8 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
   const bool params_outweigh_row = cols * w_bytes * w_arrays > row_bytes;
   const bool keep_registers =
       r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes, params_outweigh_row);
-  if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow && !keep_registers)
+  const bool reread_row = row_bytes <= reread_max_row(r, elem_bytes, w_bytes, params_outweigh_row);
+  if (dev.cc_major == 9 && elem_bytes <= 4 && reread_row && !keep_registers)
     return reread_layout(rows, cols / r.vec, r.vec);
   const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes &&
                        (dev.cc_major < 9 || !params_outweigh_row);
