@@ -59,7 +59,8 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
   const bool full_cta = r.csize == 1 && register_inflight(r, cols, elem) >= xs.max_inflight &&
                         !reread_despite_inflight(r, elem, params_outweigh);
   const int64_t max_row = !r.stage_x || w_bytes > elem ? 80 * 1024 : params_outweigh ? 48 * 1024 : 64 * 1024;
-  const bool reread_row = !bwd && vec_ok && cc == 9 && elem <= 4 && cols * elem >= xs.min_row_bytes &&
+  const int64_t min_row = elem == 2 && w_bytes == elem && params_outweigh ? 14 * 1024 : xs.min_row_bytes;
+  const bool reread_row = !bwd && vec_ok && cc == 9 && elem <= 4 && cols * elem >= min_row &&
                           cols * elem <= max_row;
   EXPECT_EQ(p.reread, reread_row && r.registers && !full_cta);
   if (p.reread) {  // fwd_reread_kernel.cuh: one CTA of whole warps a row
@@ -269,11 +270,20 @@ TEST(LaunchPlan, RowsOf16To80KbAreRereadUnlessStaged) {
     EXPECT_TRUE(n.x_smem);
     EXPECT_EQ(n.csize, 1);
   }
-  // Rows under 16 KB (bf16 7168, fp32 3072), past 80 KB (bf16 49152: a
-  // staged cluster; without weight and bias a 2-CTA shared-memory cluster),
-  // fp64, unaligned rows, the backward, and sm_80.
-  EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, dev, 2).reread);
+  // Rows under 16 KB (RMSNorm's bf16 7168, fp32 3072 and 3584), past 80 KB
+  // (bf16 49152: a staged cluster; without weight and bias a 2-CTA
+  // shared-memory cluster), fp64, unaligned rows, the backward, and sm_80.
+  EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, dev, 2, 1).reread);
   EXPECT_FALSE(make_plan(1 << 15, 3072, 4, 4, true, false, dev, 4).reread);
+  EXPECT_FALSE(make_plan(1 << 15, 3584, 4, 4, true, false, dev, 4).reread);
+  // ... except LayerNorm's 16-bit rows of 14-16 KB with weight and bias of
+  // x's dtype (reread_min_row): bf16 7168 (224 threads), not 6144, not with
+  // fp32 weight and bias, not on sm_80.
+  const Plan e = make_plan(1 << 14, 7168, 2, 4, true, false, dev, 2, 2);
+  EXPECT_TRUE(e.reread);
+  EXPECT_EQ(e.cta_threads, 224);
+  EXPECT_FALSE(make_plan(1 << 14, 6144, 2, 4, true, false, dev, 2, 2).reread);
+  EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, dev, 4, 2).reread);
   const Plan d = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 2);
   EXPECT_FALSE(d.reread);
   EXPECT_TRUE(d.stage_x);
@@ -287,6 +297,7 @@ TEST(LaunchPlan, RowsOf16To80KbAreRereadUnlessStaged) {
   DeviceInfo a100;
   a100.cc_major = 8;
   EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, true, false, a100, 2).reread);
+  EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, a100, 2, 2).reread);
   DeviceInfo sm100;
   sm100.cc_major = 10;
   EXPECT_FALSE(make_plan(1 << 14, 12288, 2, 4, true, false, sm100, 2).reread);

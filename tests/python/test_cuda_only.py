@@ -84,13 +84,17 @@ def test_sanitize_staged_rows(kind, dtype, hidden, seed):
 
 @pytest.mark.sanitize
 @kinds
-@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 8200), (torch.bfloat16, 20488), (torch.bfloat16, 40960),
-                                          (torch.float32, 4104), (torch.float32, 10248), (torch.float32, 20480)],
-                         ids=["bf16-8200", "bf16-20488", "bf16-40960", "fp32-4104", "fp32-10248", "fp32-20480"])
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 7176), (torch.bfloat16, 8200), (torch.bfloat16, 20488),
+                                          (torch.bfloat16, 40960), (torch.float32, 4104), (torch.float32, 10248),
+                                          (torch.float32, 20480)],
+                         ids=["bf16-7176", "bf16-8200", "bf16-20488", "bf16-40960", "fp32-4104", "fp32-10248",
+                              "fp32-20480"])
 @pytest.mark.parametrize("offset", [0.0, 8.0])
 def test_sanitize_reread_rows(kind, dtype, hidden, offset, seed):
-    """The forward that reads its row twice (rows of 16-80 KB): CTAs from
-    288 threads (bf16 8200) to 1024 (bf16 40960, fp32 20480: 5 accesses a
+    """The forward that reads its row twice (rows of 16-80 KB, and
+    LayerNorm's 16-bit rows from 14 KB: bf16 7176, 256 threads, the last
+    walk partial; RMSNorm's stays in registers): CTAs from 288 threads
+    (bf16 8200) to 1024 (bf16 40960, fp32 20480: 5 accesses a
     thread, the last walk partial; without weight and bias, which would send
     those rows to staged clusters, reread_max_row); rows of mean 8 (mean^2 >
     8 var) take its third walk.  37 rows, fwd + bwd."""
@@ -196,15 +200,17 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
 
 @kinds
 @pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 65536), (torch.float16, 65536), (torch.float32, 32768),
-                                          (torch.bfloat16, 49160)], ids=["bf16-65536", "fp16-65536", "fp32-32768",
-                                                                         "bf16-49160"])
+                                          (torch.bfloat16, 49160), (torch.float64, 8192), (torch.float64, 12288)],
+                         ids=["bf16-65536", "fp16-65536", "fp32-32768", "bf16-49160", "fp64-8192", "fp64-12288"])
 def test_long_rows_from_row_tickets(kind, dtype, hidden, seed):
     """Staged forward clusters with at least 16 rows each take rows past
     their first three from a counter (use_row_tickets, launch_plan.h): 25
     rows an SM (clusters of 2 or more CTAs, at most 3 CTAs an SM) plus 7,
     so that clusters end on different rows; bf16 49160's last access ends
-    inside a CTA's slice.  Every row is checked, and the forward is
-    bitwise the same as one computed with fewer rows a cluster."""
+    inside a CTA's slice; fp64 8192 and 12288 are staged clusters of 2 and
+    4 CTAs with double sums (the token rides a reduction of doubles).
+    Every row is checked, and the forward is bitwise the same as one
+    computed with fewer rows a cluster."""
     rows = 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
     inp = make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", generator(seed))
     res = check(inp)
@@ -493,10 +499,15 @@ def _raw_fwd_bwd(kind, x, w, b, g, hidden):
 
 
 @kinds
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
-def test_cuda_graph_capture_and_replay_raw_ops(kind, dtype, seed):
-    """fwd + bwd ops captured in a CUDA graph; replays on new data equal eager (bitwise)."""
-    rows, hidden = 333, 1536
+@pytest.mark.parametrize("dtype,hidden", [(torch.float32, 1536), (torch.bfloat16, 1536), (torch.bfloat16, 65536)],
+                         ids=["fp32-1536", "bf16-1536", "bf16-65536"])
+def test_cuda_graph_capture_and_replay_raw_ops(kind, dtype, hidden, seed):
+    """fwd + bwd ops captured in a CUDA graph; replays on new data equal eager
+    (bitwise).  At 65536, 25 rows an SM plus 7, the forward's staged
+    clusters take row tickets: each replay must zero the counter again (the
+    memset is a node of the graph), or the clusters would find it past the
+    rows and leave them unwritten."""
+    rows = 333 if hidden == 1536 else 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
     gen = generator(seed)
     inp = make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", gen)
     x, w, b, g = inp.x.clone(), inp.weight.clone(), None if inp.bias is None else inp.bias.clone(), inp.grad_out.clone()

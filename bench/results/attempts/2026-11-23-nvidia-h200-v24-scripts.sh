@@ -100,3 +100,39 @@ date
 >     if (dev.cc_major == 9 && hit && row_bytes > 48 * 1024 && row_bytes <= kRereadMaxRow && r.stage_x) return r;
 >   }
 >   if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes <= kRereadMaxRow && !keep_registers)
+# ==== abtmp/run4.sh
+set -u
+rm -rf /tmp/R; mkdir -p /tmp/R; tar --exclude=./abtmp --exclude=./build --exclude=./build-cpp --exclude=./.venv -cf - . | tar -C /tmp/R -xf -
+cp abtmp/rr/launch_plan.h /tmp/R/csrc/kernels/cuda/
+date
+(cd /tmp/R && MAX_JOBS=16 python3 setup.py build_ext --inplace > $OUT/buildR.txt 2>&1; echo R rc $?)
+date
+C="ln:fwd:bf16:4096 rms:fwd:bf16:4096 ln:fwd:bf16:5120 rms:fwd:bf16:5120 ln:fwd:bf16:6144 rms:fwd:bf16:6144 ln:fwd:bf16:7168 rms:fwd:bf16:7168 ln:fwd:fp16:7168 rms:fwd:fp16:7168 lnnb:fwd:bf16:7168 ln:fwd:bf16:2048 rms:fwd:bf16:2048 ln:fwd:fp32:2048 rms:fwd:fp32:2048 ln:fwd:fp32:3072 rms:fwd:fp32:3072 ln:fwd:fp32:3584"
+for round in 1 2 3; do
+  PYTHONPATH=/tmp/R python3 abtmp/ab.py B $C
+  PYTHONPATH=/tmp/R FLN_RR_MIN=4096 python3 abtmp/ab.py R4K $C
+done 2>&1 | tee $OUT/ab.txt
+date
+(cd /tmp/R && timeout 240 python3 -m pytest tests/python/test_cuda_only.py -q -m "not sanitize" -k "cuda_graph or row_tickets" 2>&1 | tail -3) | tee $OUT/testR.txt
+(cd /tmp/R && FLN_RR_MIN=4096 timeout 100 compute-sanitizer --tool memcheck python3 -m pytest tests/python/test_cuda_only.py -x -q -k "sanitize_small_sizes or sanitize_reread" 2>&1 | tail -2) | tee $OUT/sanR.txt
+date
+# ==== abtmp/rr/launch_plan.h against 6d8b56a's (experiment: FLN_RR_MIN, FLN_RR_FORCE)
+4a5
+> #include <cstdlib>
+407c408,417
+<   if (bwd || !vec_ok || !r.registers || r.group || row_bytes < xs.min_row_bytes) return r;
+---
+>   // [experiment] FLN_RR_MIN: re-read rows from this many bytes (below 16 KB); FLN_RR_FORCE: even where registers keep 64 KB in flight
+>   const char* e1 = std::getenv("FLN_RR_MIN");
+>   const char* e2 = std::getenv("FLN_RR_FORCE");
+>   const int64_t rr_min = e1 ? std::atoll(e1) : xs.min_row_bytes;
+>   const bool force = e2 && std::atoi(e2) != 0;
+>   if (bwd || !vec_ok || !r.registers || r.group || r.short_rows) return r;
+>   if (row_bytes < xs.min_row_bytes) {
+>     if (dev.cc_major == 9 && elem_bytes <= 4 && row_bytes >= rr_min) return reread_layout(rows, cols / r.vec, r.vec);
+>     return r;
+>   }
+411c421
+<       r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes, params_outweigh_row);
+---
+>       !force && r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes, params_outweigh_row);

@@ -274,6 +274,19 @@ inline int64_t reread_max_row(const Plan& r, int elem_bytes, int w_bytes, bool p
   return params_outweigh_row ? kRereadMaxStagedRowParams : kRereadMaxStagedRow;
 }
 
+// The shortest row re-read: XSmemTuning::min_row_bytes, except 16-bit rows
+// whose weight and bias (LayerNorm's, of x's dtype) outweigh the row, from
+// kRereadMinRowParams: their register CTAs of 224-248 threads keep 56-62 KB
+// in flight an SM.  H200, % of copy bandwidth, register -> re-read
+// (docs/performance.md v24c): LN bf16 7168 90.5 -> 92.2, fp16 90.2 -> 92.2,
+// LN bf16 6144 (12 KB) 92.1 -> 92.2, LN without bias bf16 7168 92.4 ->
+// 92.7; everything else measured under 16 KB lost (RMS bf16 7168 96.1 ->
+// 93.3, 5120 95.5 -> 93.2, LN bf16 4096 94.7 -> 88.8, fp32 3584 97.5 -> 93.2).
+constexpr int64_t kRereadMinRowParams = 14 * 1024;
+inline int64_t reread_min_row(int elem_bytes, int w_bytes, bool params_outweigh_row, const XSmemTuning& xs) {
+  return elem_bytes == 2 && w_bytes == elem_bytes && params_outweigh_row ? kRereadMinRowParams : xs.min_row_bytes;
+}
+
 inline Plan reread_layout(int64_t rows, int64_t nvec, int vec) {
   Plan p;
   p.reread = true;
@@ -404,9 +417,11 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
                       const XSmemTuning& xs = XSmemTuning{}) {
   const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes, w_arrays);
   const int64_t row_bytes = cols * elem_bytes;
-  if (bwd || !vec_ok || !r.registers || r.group || row_bytes < xs.min_row_bytes) return r;
-  const bool inflight_ok = register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
   const bool params_outweigh_row = cols * w_bytes * w_arrays > row_bytes;
+  if (bwd || !vec_ok || !r.registers || r.group) return r;
+  if (row_bytes < reread_min_row(elem_bytes, w_bytes, params_outweigh_row, xs)) return r;
+  if (row_bytes < xs.min_row_bytes) return dev.cc_major == 9 ? reread_layout(rows, cols / r.vec, r.vec) : r;
+  const bool inflight_ok = register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
   const bool keep_registers =
       r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes, params_outweigh_row);
   const bool reread_row = row_bytes <= reread_max_row(r, elem_bytes, w_bytes, params_outweigh_row);
