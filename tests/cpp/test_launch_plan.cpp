@@ -270,9 +270,10 @@ TEST(LaunchPlan, RowsOf16To80KbAreRereadUnlessStaged) {
     EXPECT_TRUE(n.x_smem);
     EXPECT_EQ(n.csize, 1);
   }
-  // Rows under 16 KB (RMSNorm's bf16 7168, fp32 3072 and 3584), past 80 KB
-  // (bf16 49152: a staged cluster; without weight and bias a 2-CTA
-  // shared-memory cluster), fp64, unaligned rows, the backward, and sm_80.
+  // Rows under 16 KB (RMSNorm's bf16 7168, LayerNorm's fp32 3072 and
+  // 3584), past 80 KB (bf16 49152: a staged cluster; without weight and
+  // bias a 2-CTA shared-memory cluster), fp64, unaligned rows, the
+  // backward, and sm_80.
   EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, dev, 2, 1).reread);
   EXPECT_FALSE(make_plan(1 << 15, 3072, 4, 4, true, false, dev, 4).reread);
   EXPECT_FALSE(make_plan(1 << 15, 3584, 4, 4, true, false, dev, 4).reread);

@@ -162,11 +162,12 @@ def test_misaligned_pointers(kind, dtype, hidden, layout, seed):
 
 # --- hidden-size and row-count sweeps -------------------------------------------
 
-# 4096-65536 include rows re-read from L1 (16-80 KB: fp32 6144, bf16 12288
-# and 24576, fp32 12288, RMSNorm's fp32 16384 and 16-bit 32768, LayerNorm's
-# 16-bit 16384; sm_90), one-CTA register rows (RMSNorm's 16-bit 16384) and
-# register clusters that stage the next row (bf16 49152 and 65536, fp32 from
-# 24576, LayerNorm's fp32 16384 and 16-bit 32768).
+# 4096-65536 include rows re-read from L1 (sm_90: 16-80 KB, and LayerNorm's
+# 16-bit rows from 14 KB: LayerNorm's 16-bit 7168, fp32 6144, bf16 12288 and
+# 24576, fp32 12288, RMSNorm's fp32 14336 and 16384 and 16-bit 32768,
+# LayerNorm's 16-bit 16384), one-CTA register rows (RMSNorm's 16-bit 16384)
+# and register clusters that stage the next row (bf16 49152 and 65536, fp32
+# from 24576, LayerNorm's fp32 14336 and 16384 and 16-bit 32768).
 SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 1000, 1023, 1024, 1025, 4096, 5120, 6144, 7168, 8191, 12288,
                 14336, 16384, 24576, 32768, 49152, 65536, 65537, 131072, 262144]
 
@@ -189,10 +190,10 @@ def test_hidden_size_sweep(kind, dtype, hidden, seed):
 def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     """Enough rows that each persistent cluster walks several, reusing its
     weight/bias slice (cached in shared memory: 16-bit from 49152, fp32 from
-    32768, and LayerNorm's 16-bit 32768 and fp32 20480, reread_max_row);
-    16-bit 20480 and RMSNorm's 16-bit 32768 and fp32 20480 are re-read, one
-    CTA a row.  The backward runs clusters of up to 16 CTAs of 16 elements a
-    thread: 16-bit 49152 and 65536 and fp32 65536 fill 8 with 384-512
+    32768, LayerNorm's 16-bit 32768, and fp32 20480, reread_max_row);
+    16-bit 20480 and RMSNorm's 16-bit 32768 are re-read, one CTA a row.
+    The backward runs clusters of up to 16 CTAs of 16 elements a thread:
+    16-bit 49152 and 65536 and fp32 65536 fill 8 with 384-512
     threads a CTA, fp32 131072 fills 16; 16-bit 131072 takes a row group of
     16 such CTAs (global exchange)."""
     check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
@@ -200,15 +201,15 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
 
 @kinds
 @pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 65536), (torch.float16, 65536), (torch.float32, 32768),
-                                          (torch.bfloat16, 49160), (torch.float64, 8192), (torch.float64, 12288)],
-                         ids=["bf16-65536", "fp16-65536", "fp32-32768", "bf16-49160", "fp64-8192", "fp64-12288"])
+                                          (torch.bfloat16, 49160), (torch.float64, 12288), (torch.float64, 16384)],
+                         ids=["bf16-65536", "fp16-65536", "fp32-32768", "bf16-49160", "fp64-12288", "fp64-16384"])
 def test_long_rows_from_row_tickets(kind, dtype, hidden, seed):
     """Staged forward clusters with at least 16 rows each take rows past
     their first three from a counter (use_row_tickets, launch_plan.h): 25
     rows an SM (clusters of 2 or more CTAs, at most 3 CTAs an SM) plus 7,
     so that clusters end on different rows; bf16 49160's last access ends
-    inside a CTA's slice; fp64 8192 and 12288 are staged clusters of 2 and
-    4 CTAs with double sums (the token rides a reduction of doubles).
+    inside a CTA's slice; fp64 12288 and 16384 are staged clusters of 4
+    CTAs (LayerNorm's and RMSNorm's) with double sums (the token rides a reduction of doubles).
     Every row is checked, and the forward is bitwise the same as one
     computed with fewer rows a cluster."""
     rows = 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
@@ -224,9 +225,10 @@ def test_long_rows_from_row_tickets(kind, dtype, hidden, seed):
                          ids=["bf16-28672", "fp16-32768", "bf16-40960", "fp32-16384", "fp32-20480", "bf16-36872"])
 def test_staged_rows_past_reread(kind, dtype, hidden, seed):
     """Rows of 56-80 KB that staged clusters take instead of the re-read
-    kernel (reread_max_row, launch_plan.h): LayerNorm's from 48 KB (its
-    weight and bias outweigh the row), RMSNorm's from 64 KB; below that,
-    RMSNorm's rows are re-read.  25 rows an SM plus 7 take row tickets;
+    kernel (reread_max_row, launch_plan.h): LayerNorm's past 48 KB (its
+    weight and bias outweigh the row), RMSNorm's past 64 KB (bf16 40960,
+    fp32 20480, bf16 36872); RMSNorm's of 56-64 KB (bf16 28672, fp16 32768,
+    fp32 16384) stay re-read.  25 rows an SM plus 7 take row tickets;
     bf16 36872 ends inside a CTA's slice.  Every row against float64."""
     rows = 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
     check(make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", generator(seed)))
@@ -247,11 +249,12 @@ def test_row_tickets_other_paths(case, seed):
 
 @kinds
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [16384, 24576, 65536])
+@pytest.mark.parametrize("hidden", [16384, 24576, 40960, 65536])
 def test_long_rows_float32_params(kind, dtype, hidden, seed):
-    """16-bit rows with float32 weight (and bias) over many rows: 24576, and
-    LayerNorm's 16384, are re-read (fwd_reread_kernel.cuh; RMSNorm's 16384
-    is one CTA of registers); at 65536 RMSNorm's clusters cache the
+    """16-bit rows with float32 weight (and bias) over many rows: 24576 and
+    40960 (80 KB: fp32 parameters keep the re-read kernel up to its limit,
+    reread_max_row), and LayerNorm's 16384, are re-read
+    (fwd_reread_kernel.cuh; RMSNorm's 16384 is one CTA of registers); at 65536 RMSNorm's clusters cache the
     weight alone (the cache is sized by the arrays it holds) and stage the
     next row beside it, and LayerNorm's weight and bias take a cluster
     without the cache."""

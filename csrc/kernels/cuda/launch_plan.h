@@ -37,10 +37,11 @@ constexpr int kShortRowAccesses = 4;
 constexpr int kShortRowCta = 128;
 
 // Forward rows kept in shared memory (Plan::x_smem).  On sm_90 the rows of
-// 16-80 KB of 2- and 4-byte types are re-read instead (kRereadMaxRow), except
-// one-CTA register rows and the longer rows of staged clusters; what
-// follows decides the rest (rows past 80 KB, fp64, sm_80) and dates from
-// before v18a.  A register plan keeps
+// 16-80 KB of 2- and 4-byte types are re-read instead (kRereadMaxRow; and
+// LayerNorm's 16-bit rows from 14 KB, reread_min_row), except one-CTA
+// register rows and the longer rows of staged clusters; what follows
+// decides the rest (rows past 80 KB, fp64, sm_80) and dates from before
+// v18a.  A register plan keeps
 // at most 64K registers of 64 per thread busy on an SM, and CTAs of 384 or
 // 448 threads leave a quarter or an eighth of that idle: too few bytes of rows
 // in flight.  Rows of at least min_row_bytes whose register plan keeps less
@@ -219,8 +220,8 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
 // The re-reading forward (Plan::reread, fwd_reread_kernel.cuh): one CTA of
 // whole warps a row, at most kRereadCta threads, kRereadAccesses 16-byte
 // accesses a thread where that many threads cover the row.  Forward rows of
-// 16-byte accesses of 2- and 4-byte types from XSmemTuning::min_row_bytes to
-// kRereadMaxRow take it on sm_90, except where the register plan is one CTA
+// 16-byte accesses of 2- and 4-byte types from XSmemTuning::min_row_bytes
+// (reread_min_row, below) to kRereadMaxRow take it on sm_90, except where the register plan is one CTA
 // that keeps max_inflight bytes in flight (bf16 8192 and 16384, fp32 4096
 // and 8192: there the register rows ran 1.5-3.8 points ahead), unless
 // reread_despite_inflight (below), and except the longer rows of staged
@@ -254,11 +255,11 @@ inline bool reread_despite_inflight(const Plan& r, int elem_bytes, bool params_o
 }
 
 // The longest row re-read where the register plan is a staged cluster
-// (Plan::stage_x, with row tickets) and the weight and bias are of x's
-// dtype: the rows of two CTAs an SM and their weight and bias must stay in
-// L1 for the second walk, and past that the staged cluster runs ahead, from
-// 48 KB where LayerNorm's weight and bias outweigh the row, from 64 KB
-// otherwise.  H200, % of copy bandwidth, re-read -> staged cluster
+// (Plan::stage_x; measured where its clusters take row tickets) and the
+// weight and bias are of x's dtype: the rows of two CTAs an SM and their
+// weight and bias must stay in L1 for the second walk, and past that the
+// staged cluster runs ahead: past 48 KB where LayerNorm's weight and bias
+// outweigh the row, past 64 KB otherwise.  H200, % of copy bandwidth, re-read -> staged cluster
 // (docs/performance.md v24b): LN bf16 28672 91.4 -> 92.1, 32768 89.8 ->
 // 91.3, 36864 85.0 -> 91.3, 40960 84.9 -> 91.8, fp16 32768 89.9 -> 91.4,
 // fp32 18432 89.9 -> 96.1, 20480 89.8 -> 96.3; RMS bf16 36864 91.2 -> 93.1,
@@ -276,15 +277,16 @@ inline int64_t reread_max_row(const Plan& r, int elem_bytes, int w_bytes, bool p
 
 // The shortest row re-read: XSmemTuning::min_row_bytes, except 16-bit rows
 // whose weight and bias (LayerNorm's, of x's dtype) outweigh the row, from
-// kRereadMinRowParams: their register CTAs of 224-248 threads keep 56-62 KB
-// in flight an SM.  H200, % of copy bandwidth, register -> re-read
+// kRereadMinRowParams: their register CTA (224 threads at bf16 7168, 256
+// past it) keeps 56-64 KB in flight an SM.  H200, % of copy bandwidth, register -> re-read
 // (docs/performance.md v24c): LN bf16 7168 90.5 -> 92.2, fp16 90.2 -> 92.2,
 // LN bf16 6144 (12 KB) 92.1 -> 92.2, LN without bias bf16 7168 92.4 ->
 // 92.7; everything else measured under 16 KB lost (RMS bf16 7168 96.1 ->
 // 93.3, 5120 95.5 -> 93.2, LN bf16 4096 94.7 -> 88.8, fp32 3584 97.5 -> 93.2).
 constexpr int64_t kRereadMinRowParams = 14 * 1024;
 inline int64_t reread_min_row(int elem_bytes, int w_bytes, bool params_outweigh_row, const XSmemTuning& xs) {
-  return elem_bytes == 2 && w_bytes == elem_bytes && params_outweigh_row ? kRereadMinRowParams : xs.min_row_bytes;
+  const bool params_16bit = elem_bytes == 2 && w_bytes == elem_bytes && params_outweigh_row;
+  return params_16bit && kRereadMinRowParams < xs.min_row_bytes ? kRereadMinRowParams : xs.min_row_bytes;
 }
 
 inline Plan reread_layout(int64_t rows, int64_t nvec, int vec) {
