@@ -8,15 +8,17 @@ using namespace fln::cuda;
 
 namespace {
 
-// w_arrays: how many of weight and bias (each of the input's element size) the forward reads.
-void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc, int w_arrays = 2) {
+// w_arrays: how many of weight and bias the forward reads; fp32_params: they
+// are float32 (16-bit x), else of the input's element size.
+void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc, int w_arrays = 2,
+                 bool fp32_params = false) {
   DeviceInfo dev;
   dev.sm_count = 132;
   dev.cc_major = cc;
-  const int w_bytes = w_arrays > 0 ? elem : 0;
+  const int w_bytes = w_arrays > 0 ? (fp32_params ? 4 : elem) : 0;
   const Plan p = make_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays);
   SCOPED_TRACE(testing::Message() << "cols=" << cols << " elem=" << elem << " bwd=" << bwd << " cc=" << cc
-                                  << " w_arrays=" << w_arrays);
+                                  << " w_arrays=" << w_arrays << " w_bytes=" << w_bytes);
   if (!p.registers) {
     // Falls back only when one CTA cannot hold the row and clusters can't help.
     const int vec = vec_ok ? 16 / elem : 1;
@@ -167,7 +169,10 @@ TEST(LaunchPlan, EveryHiddenSizeIsCovered) {
           const int acc = elem == 8 ? 8 : 4;
           check_cover(cols, elem, acc, false, bwd, cc);
           if (cols % (16 / elem) == 0)
-            for (int w_arrays : {0, 1, 2}) check_cover(cols, elem, acc, true, bwd, cc, w_arrays);
+            for (int w_arrays : {0, 1, 2}) {
+              check_cover(cols, elem, acc, true, bwd, cc, w_arrays);
+              if (elem == 2 && w_arrays > 0) check_cover(cols, elem, acc, true, bwd, cc, w_arrays, true);
+            }
         }
 }
 
