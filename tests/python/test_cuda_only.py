@@ -199,6 +199,13 @@ def test_long_rows_many_rows_per_cluster(kind, dtype, hidden, seed):
     check(make_inputs(kind, (32 * 1024 * 1024 // hidden, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
+def _ticket_rows():
+    """25 rows an SM plus 7: staged clusters (at most 3 CTAs an SM) get at
+    least kTicketMinRows rows each, so they take row tickets
+    (use_row_tickets, launch_plan.h), and end on different rows."""
+    return 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+
+
 @kinds
 @pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 65536), (torch.float16, 65536), (torch.float32, 32768),
                                           (torch.bfloat16, 49160), (torch.float64, 12288), (torch.float64, 16384)],
@@ -212,7 +219,7 @@ def test_long_rows_from_row_tickets(kind, dtype, hidden, seed):
     CTAs (LayerNorm's and RMSNorm's) with double sums (the token rides a reduction of doubles).
     Every row is checked, and the forward is bitwise the same as one
     computed with fewer rows a cluster."""
-    rows = 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+    rows = _ticket_rows()
     inp = make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", generator(seed))
     res = check(inp)
     tail = dataclasses.replace(inp, x=inp.x[-64:], grad_out=inp.grad_out[-64:])
@@ -230,7 +237,7 @@ def test_staged_rows_past_reread(kind, dtype, hidden, seed):
     fp32 20480, bf16 36872); RMSNorm's of 56-64 KB (bf16 28672, fp16 32768,
     fp32 16384) stay re-read.  25 rows an SM plus 7 take row tickets;
     bf16 36872 ends inside a CTA's slice.  Every row against float64."""
-    rows = 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+    rows = _ticket_rows()
     check(make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
@@ -241,7 +248,7 @@ def test_row_tickets_other_paths(case, seed):
     (the exact second reduction after the one that carries the ticket), the
     bias alone in the cache, and an fp32 weight alone (no shift: the mean's
     reduction carries the ticket and the variance's follows it)."""
-    rows = 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+    rows = _ticket_rows()
     kw = {"mean-10": dict(scale=1.0, offset=10.0), "bias-only": dict(weight=False),
           "fp32-weight": dict(bias=False, param_dtype=torch.float32)}[case]
     check(make_inputs("ln", (rows, 65536), (65536,), torch.bfloat16, "cuda", generator(seed), **kw))
@@ -510,7 +517,7 @@ def test_cuda_graph_capture_and_replay_raw_ops(kind, dtype, hidden, seed):
     clusters take row tickets: each replay must zero the counter again (the
     memset is a node of the graph), or the clusters would find it past the
     rows and leave them unwritten."""
-    rows = 333 if hidden == 1536 else 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+    rows = 333 if hidden == 1536 else _ticket_rows()
     gen = generator(seed)
     inp = make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", gen)
     x, w, b, g = inp.x.clone(), inp.weight.clone(), None if inp.bias is None else inp.bias.clone(), inp.grad_out.clone()

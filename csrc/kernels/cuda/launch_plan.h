@@ -221,8 +221,8 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
 // whole warps a row, at most kRereadCta threads, kRereadAccesses 16-byte
 // accesses a thread where that many threads cover the row.  Forward rows of
 // 16-byte accesses of 2- and 4-byte types from XSmemTuning::min_row_bytes
-// (reread_min_row, below) to kRereadMaxRow take it on sm_90, except where the register plan is one CTA
-// that keeps max_inflight bytes in flight (bf16 8192 and 16384, fp32 4096
+// (reread_min_row, below) to kRereadMaxRow take it on sm_90, except where
+// the register plan is one CTA that keeps max_inflight bytes in flight (bf16 8192 and 16384, fp32 4096
 // and 8192: there the register rows ran 1.5-3.8 points ahead), unless
 // reread_despite_inflight (below), and except the longer rows of staged
 // clusters (reread_max_row, below).  Measured on
@@ -259,8 +259,8 @@ inline bool reread_despite_inflight(const Plan& r, int elem_bytes, bool params_o
 // weight and bias are of x's dtype: the rows of two CTAs an SM and their
 // weight and bias must stay in L1 for the second walk, and past that the
 // staged cluster runs ahead: past 48 KB where LayerNorm's weight and bias
-// outweigh the row, past 64 KB otherwise.  H200, % of copy bandwidth, re-read -> staged cluster
-// (docs/performance.md v24b): LN bf16 28672 91.4 -> 92.1, 32768 89.8 ->
+// outweigh the row, past 64 KB otherwise.  H200, % of copy bandwidth,
+// re-read -> staged cluster (docs/performance.md v24b): LN bf16 28672 91.4 -> 92.1, 32768 89.8 ->
 // 91.3, 36864 85.0 -> 91.3, 40960 84.9 -> 91.8, fp16 32768 89.9 -> 91.4,
 // fp32 18432 89.9 -> 96.1, 20480 89.8 -> 96.3; RMS bf16 36864 91.2 -> 93.1,
 // 40960 91.1 -> 93.0, fp32 18432 94.0 -> 96.1, LN without bias bf16 36864
@@ -278,8 +278,8 @@ inline int64_t reread_max_row(const Plan& r, int elem_bytes, int w_bytes, bool p
 // The shortest row re-read: XSmemTuning::min_row_bytes, except 16-bit rows
 // whose weight and bias (LayerNorm's, of x's dtype) outweigh the row, from
 // kRereadMinRowParams: their register CTA (224 threads at bf16 7168, 256
-// past it) keeps 56-64 KB in flight an SM.  H200, % of copy bandwidth, register -> re-read
-// (docs/performance.md v24c): LN bf16 7168 90.5 -> 92.2, fp16 90.2 -> 92.2,
+// past it) keeps 56-64 KB in flight an SM.  H200, % of copy bandwidth,
+// register -> re-read (docs/performance.md v24c): LN bf16 7168 90.5 -> 92.2, fp16 90.2 -> 92.2,
 // LN bf16 6144 (12 KB) 92.1 -> 92.2, LN without bias bf16 7168 92.4 ->
 // 92.7; everything else measured under 16 KB lost (RMS bf16 7168 96.1 ->
 // 93.3, 5120 95.5 -> 93.2, LN bf16 4096 94.7 -> 88.8, fp32 3584 97.5 -> 93.2).
@@ -421,14 +421,14 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
   const int64_t row_bytes = cols * elem_bytes;
   const bool params_outweigh_row = cols * w_bytes * w_arrays > row_bytes;
   if (bwd || !vec_ok || !r.registers || r.group) return r;
-  if (row_bytes < reread_min_row(elem_bytes, w_bytes, params_outweigh_row, xs)) return r;
-  if (row_bytes < xs.min_row_bytes) return dev.cc_major == 9 ? reread_layout(rows, cols / r.vec, r.vec) : r;
   const bool inflight_ok = register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
   const bool keep_registers =
       r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes, params_outweigh_row);
-  const bool reread_row = row_bytes <= reread_max_row(r, elem_bytes, w_bytes, params_outweigh_row);
+  const bool reread_row = row_bytes >= reread_min_row(elem_bytes, w_bytes, params_outweigh_row, xs) &&
+                          row_bytes <= reread_max_row(r, elem_bytes, w_bytes, params_outweigh_row);
   if (dev.cc_major == 9 && elem_bytes <= 4 && reread_row && !keep_registers)
     return reread_layout(rows, cols / r.vec, r.vec);
+  if (row_bytes < xs.min_row_bytes) return r;
   const bool one_cta = row_bytes > xs.one_cta_min_row && row_bytes <= xs.slice_bytes &&
                        (dev.cc_major < 9 || !params_outweigh_row);
   if (!one_cta && inflight_ok) return r;
