@@ -64,12 +64,27 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
   const int64_t min_row = elem == 2 && w_bytes == elem && params_outweigh ? 14 * 1024 : xs.min_row_bytes;
   const bool reread_row = !bwd && vec_ok && cc == 9 && elem <= 4 && cols * elem >= min_row &&
                           cols * elem <= max_row;
-  EXPECT_EQ(p.reread, reread_row && r.registers && !full_cta);
+  // Rows that CTAs of at least 320 threads cover at two 16-byte accesses a
+  // thread, where three or more of those CTAs share an SM and fill at least
+  // 7/8 of its 2048 thread slots, with weights of x's dtype or none, take
+  // the straight-line variant.
+  const int64_t pair_threads = cols * elem / 32;
+  const bool pair = !bwd && vec_ok && cc == 9 && elem <= 4 && w_bytes <= elem && (cols * elem) % 32 == 0 &&
+                    pair_threads % 32 == 0 && pair_threads >= 320 && 3 * pair_threads <= 2048 &&
+                    (2048 / pair_threads) * pair_threads >= 1792;
+  EXPECT_EQ(p.reread, pair || (reread_row && r.registers && !full_cta));
+  EXPECT_EQ(reread_exact(p, cols), pair);
   if (p.reread) {  // fwd_reread_kernel.cuh: one CTA of whole warps a row
     EXPECT_EQ(p.csize, 1);
     EXPECT_EQ(p.tpr, p.cta_threads);
     EXPECT_EQ(p.cta_threads % 32, 0);
     EXPECT_LE(p.cta_threads, kRereadCta);
+    EXPECT_EQ(p.groups, 1000);
+    if (pair) {  // two accesses a thread, every one of them in the row
+      EXPECT_EQ(p.nv, 2);
+      EXPECT_EQ(int64_t(p.cta_threads) * 2 * p.vec, cols);
+      return;
+    }
     if (p.cta_threads < kRereadCta) {  // kRereadAccesses a thread, no idle warp
       EXPECT_LE(p.nv, kRereadAccesses);
       EXPECT_LT(int64_t(p.cta_threads - 32) * kRereadAccesses * p.vec, cols);
@@ -176,6 +191,54 @@ TEST(LaunchPlan, EveryHiddenSizeIsCovered) {
         }
 }
 
+TEST(LaunchPlan, EveryPairRowSizeIsChecked) {
+  // The straight-line re-read rows (multiples of 32 accesses of 16 bytes)
+  // fall between the every-size test's steps: every 16-byte multiple up to
+  // 40 KB, forward, on every device.
+  for (int64_t bytes = 16; bytes <= 40 * 1024; bytes += 16)
+    for (int elem : {2, 4, 8})
+      for (int cc : {8, 9, 10})
+        for (int w_arrays : {0, 1, 2}) {
+          check_cover(bytes / elem, elem, elem == 8 ? 8 : 4, true, false, cc, w_arrays);
+          if (elem == 2 && w_arrays > 0) check_cover(bytes / elem, elem, 4, true, false, cc, w_arrays, true);
+        }
+}
+
+TEST(LaunchPlan, PairRowsTakeTheStraightLineRereadKernel) {
+  DeviceInfo dev;
+  dev.cc_major = 9;
+  // bf16 5120-10752 a multiple of 512 (CTAs of 320-672 threads, 3-6 an
+  // SM), but not 4096 (256 threads), 5632 (352 threads, 1760 of 2048
+  // slots), 12288 (768 threads, two an SM) or 16384; fp32 half those;
+  // LayerNorm's and RMSNorm's, and without weight and bias.
+  for (int64_t cols : {5120, 6144, 7168, 7680, 8192, 9728, 10240, 10752})
+    for (int elem : {2, 4})
+      for (int w_arrays : {0, 1, 2}) {
+        const int64_t n = elem == 2 ? cols : cols / 2;
+        const Plan p = make_plan(1 << 14, n, elem, 4, true, false, dev, w_arrays ? elem : 0, w_arrays);
+        EXPECT_TRUE(p.reread && reread_exact(p, n)) << n << " " << elem;
+        EXPECT_EQ(p.nv, 2);
+        EXPECT_EQ(p.cta_threads, int(n * elem / 32));
+      }
+  for (int64_t cols : {4096, 12288, 7176, 5632, 6656, 8704, 9216, 14336, 16384}) {
+    const Plan p = make_plan(1 << 14, cols, 2, 4, true, false, dev, 2);
+    EXPECT_FALSE(reread_exact(p, cols)) << cols;
+  }
+  // Not with fp32 weights on 16-bit x, fp64, without 16-byte accesses, or
+  // before sm_90; never in the backward.
+  EXPECT_FALSE(reread_exact(make_plan(1 << 14, 8192, 2, 4, true, false, dev, 4), 8192));
+  EXPECT_FALSE(make_plan(1 << 14, 2048, 8, 8, true, false, dev, 8).reread);
+  EXPECT_FALSE(make_plan(1 << 14, 8192, 2, 4, false, false, dev, 2).reread);
+  EXPECT_FALSE(make_plan(1 << 14, 8192, 2, 4, true, true, dev, 2).reread);
+  dev.cc_major = 8;
+  EXPECT_FALSE(make_plan(1 << 14, 8192, 2, 4, true, false, dev, 2).reread);
+  // A grid of one CTA a row: not past 2^31 - 1 rows.
+  dev.cc_major = 9;
+  const Plan big = make_plan(int64_t(1) << 31, 8192, 2, 4, true, false, dev, 2);
+  EXPECT_TRUE(big.reread);
+  EXPECT_FALSE(reread_exact(big, 8192));
+}
+
 TEST(LaunchPlan, BenchmarkSizesUseRegistersOnHopper) {
   DeviceInfo dev;
   dev.cc_major = 9;
@@ -249,23 +312,21 @@ TEST(LaunchPlan, RowsOf16To80KbAreRereadUnlessStaged) {
   EXPECT_TRUE(make_plan(1 << 12, 40960, 2, 4, true, false, dev, 2, 1).stage_x);
   EXPECT_TRUE(make_plan(1 << 12, 20480, 4, 4, true, false, dev, 4, 1).stage_x);
   EXPECT_TRUE(make_plan(1 << 12, 36864, 2, 4, true, false, dev, 2, 1).stage_x);
-  // Kept in one CTA of registers, 64 KB in flight an SM: bf16 8192 and
-  // 16384 (RMSNorm's, or LayerNorm's without bias), fp32 4096 and 8192.
-  for (int64_t cols : {8192, 16384}) {
-    const Plan r = make_plan(1 << 13, cols, 2, 4, true, false, dev, 2, 1);
-    EXPECT_FALSE(r.reread || r.x_smem);
-    EXPECT_EQ(r.csize, 1);
-    EXPECT_FALSE(make_plan(1 << 13, cols / 2, 4, 4, true, false, dev, 4).reread);
-    EXPECT_FALSE(make_plan(1 << 13, cols / 2, 4, 4, true, false, dev, 4, 1).reread);
-  }
-  // ... but LayerNorm's 16-bit 16384 with weight and bias (two 512-thread
-  // CTAs an SM, 64 KB of parameters against 32 KB of row), or with fp32
-  // ones, is re-read (reread_despite_inflight); its 8192 (256-thread CTAs)
-  // is not.
-  EXPECT_TRUE(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 2, 2).reread);
-  EXPECT_TRUE(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 4, 2).reread);
-  EXPECT_EQ(make_plan(1 << 13, 16384, 2, 4, true, false, dev, 2, 2).cta_threads, 512);
-  EXPECT_FALSE(make_plan(1 << 14, 8192, 2, 4, true, false, dev, 2, 2).reread);
+  // Kept in one CTA of registers, 64 KB in flight an SM, where the
+  // straight-line pair plan does not take the row (it takes bf16 8192 and
+  // 16384, fp32 4096 and 8192, with weights of x's dtype): RMSNorm's bf16
+  // 8192 with an fp32 weight.
+  const Plan rk = make_plan(1 << 13, 8192, 2, 4, true, false, dev, 4, 1);
+  EXPECT_FALSE(rk.reread || rk.x_smem);
+  EXPECT_EQ(rk.csize, 1);
+  // ... but LayerNorm's 16-bit 16384 with fp32 weight and bias (two
+  // 512-thread CTAs an SM, 128 KB of parameters against 32 KB of row) is
+  // re-read (reread_despite_inflight); its 8192 (256-thread CTAs) is not.
+  const Plan lf = make_plan(1 << 13, 16384, 2, 4, true, false, dev, 4, 2);
+  EXPECT_TRUE(lf.reread);
+  EXPECT_FALSE(reread_exact(lf, 16384));
+  EXPECT_EQ(lf.cta_threads, 512);
+  EXPECT_FALSE(make_plan(1 << 14, 8192, 2, 4, true, false, dev, 4, 2).reread);
   // fp32 12288 and 16384 without weight and bias: one CTA of 128-byte
   // register threads keeps 96-128 KB in flight, so the row stays in one CTA
   // of shared memory (v18c).
@@ -275,21 +336,21 @@ TEST(LaunchPlan, RowsOf16To80KbAreRereadUnlessStaged) {
     EXPECT_TRUE(n.x_smem);
     EXPECT_EQ(n.csize, 1);
   }
-  // Rows under 16 KB (RMSNorm's bf16 7168, LayerNorm's fp32 3072 and
-  // 3584), past 80 KB (bf16 49152: a staged cluster; without weight and
-  // bias a 2-CTA shared-memory cluster), fp64, unaligned rows, the
-  // backward, and sm_80.
-  EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, dev, 2, 1).reread);
-  EXPECT_FALSE(make_plan(1 << 15, 3072, 4, 4, true, false, dev, 4).reread);
-  EXPECT_FALSE(make_plan(1 << 15, 3584, 4, 4, true, false, dev, 4).reread);
+  // Rows under 16 KB that no pair plan takes (RMSNorm's bf16 7176,
+  // LayerNorm's fp32 3080 and 3592), past 80 KB (bf16 49152: a staged
+  // cluster; without weight and bias a 2-CTA shared-memory cluster), fp64,
+  // unaligned rows, the backward, and sm_80.
+  EXPECT_FALSE(make_plan(1 << 14, 7176, 2, 4, true, false, dev, 2, 1).reread);
+  EXPECT_FALSE(make_plan(1 << 15, 3080, 4, 4, true, false, dev, 4).reread);
+  EXPECT_FALSE(make_plan(1 << 15, 3592, 4, 4, true, false, dev, 4).reread);
   // ... except LayerNorm's 16-bit rows of 14-16 KB with weight and bias of
-  // x's dtype (reread_min_row): bf16 7168 (224 threads), not 6144, not with
+  // x's dtype (reread_min_row): bf16 7176 (256 threads), not 6152, not with
   // fp32 weight and bias, not on sm_80.
-  const Plan e = make_plan(1 << 14, 7168, 2, 4, true, false, dev, 2, 2);
+  const Plan e = make_plan(1 << 14, 7176, 2, 4, true, false, dev, 2, 2);
   EXPECT_TRUE(e.reread);
-  EXPECT_EQ(e.cta_threads, 224);
-  EXPECT_FALSE(make_plan(1 << 14, 6144, 2, 4, true, false, dev, 2, 2).reread);
-  EXPECT_FALSE(make_plan(1 << 14, 7168, 2, 4, true, false, dev, 4, 2).reread);
+  EXPECT_EQ(e.cta_threads, 256);
+  EXPECT_FALSE(make_plan(1 << 14, 6152, 2, 4, true, false, dev, 2, 2).reread);
+  EXPECT_FALSE(make_plan(1 << 14, 7176, 2, 4, true, false, dev, 4, 2).reread);
   const Plan d = make_plan(1 << 11, 49152, 2, 4, true, false, dev, 2);
   EXPECT_FALSE(d.reread);
   EXPECT_TRUE(d.stage_x);

@@ -84,20 +84,21 @@ def test_sanitize_staged_rows(kind, dtype, hidden, seed):
 
 @pytest.mark.sanitize
 @kinds
-@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 7176), (torch.bfloat16, 8200), (torch.bfloat16, 20488),
-                                          (torch.bfloat16, 40960), (torch.float32, 4104), (torch.float32, 10248),
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 7176), (torch.bfloat16, 8192), (torch.bfloat16, 20488),
+                                          (torch.bfloat16, 40960), (torch.float32, 4096), (torch.float32, 10248),
                                           (torch.float32, 20480)],
-                         ids=["bf16-7176", "bf16-8200", "bf16-20488", "bf16-40960", "fp32-4104", "fp32-10248",
+                         ids=["bf16-7176", "bf16-8192", "bf16-20488", "bf16-40960", "fp32-4096", "fp32-10248",
                               "fp32-20480"])
 @pytest.mark.parametrize("offset", [0.0, 8.0])
 def test_sanitize_reread_rows(kind, dtype, hidden, offset, seed):
     """The forward that reads its row twice (rows of 16-80 KB, and
     LayerNorm's 16-bit rows from 14 KB: bf16 7176, 256 threads, the last
-    walk partial; RMSNorm's stays in registers): CTAs from 288 threads
-    (bf16 8200) to 1024 (bf16 40960, fp32 20480: 5 accesses a
-    thread, the last walk partial; without weight and bias, which would send
-    those rows to staged clusters, reread_max_row); rows of mean 8 (mean^2 >
-    8 var) take its third walk.  37 rows, fwd + bwd."""
+    walk partial; RMSNorm's stays in registers): CTAs from 256 threads to
+    1024 (bf16 40960, fp32 20480: 5 accesses a thread, the last walk
+    partial; without weight and bias, which would send those rows to staged
+    clusters, reread_max_row); its straight-line variant at two accesses a
+    thread (bf16 8192, fp32 4096: 512 threads, reread_exact); rows of mean 8
+    (mean^2 > 8 var) take its third walk.  37 rows, fwd + bwd."""
     affine = hidden * dtype.itemsize <= 48 * 1024
     check(make_inputs(kind, (37, hidden), (hidden,), dtype, "cuda", generator(seed), scale=1.0, offset=offset,
                       weight=affine, bias=affine))
@@ -255,13 +256,30 @@ def test_row_tickets_other_paths(case, seed):
 
 
 @kinds
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 5120), (torch.float16, 7168), (torch.bfloat16, 8192),
+                                          (torch.bfloat16, 10752), (torch.float32, 2560), (torch.float32, 5120)],
+                         ids=["bf16-5120", "fp16-7168", "bf16-8192", "bf16-10752", "fp32-2560", "fp32-5120"])
+@pytest.mark.parametrize("offset", [0.0, 8.0])
+@pytest.mark.parametrize("affine", [True, False])
+def test_pair_reread_rows(kind, dtype, hidden, offset, affine, seed):
+    """Rows that two 16-byte accesses a thread cover exactly take the
+    re-read kernel's straight-line variant (launch_plan.h, reread_exact):
+    CTAs from 320 threads (bf16 5120, fp32 2560) to 672 (bf16 10752), 1027
+    rows (one CTA a row), with and without weight and bias; rows of mean 8
+    take LayerNorm's third walk.  fwd + bwd."""
+    check(make_inputs(kind, (1027, hidden), (hidden,), dtype, "cuda", generator(seed), scale=1.0, offset=offset,
+                      weight=affine, bias=affine))
+
+
+@kinds
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_name)
 @pytest.mark.parametrize("hidden", [16384, 24576, 40960, 65536])
 def test_long_rows_float32_params(kind, dtype, hidden, seed):
     """16-bit rows with float32 weight (and bias) over many rows: 24576 and
     40960 (80 KB: fp32 parameters keep the re-read kernel up to its limit,
     reread_max_row), and LayerNorm's 16384, are re-read
-    (fwd_reread_kernel.cuh; RMSNorm's 16384 is one CTA of registers); at 65536 RMSNorm's clusters cache the
+    (fwd_reread_kernel.cuh; RMSNorm's 16384 too: its fp32 weight outweighs the row, reread_despite_inflight; the
+    pair plan takes weights of x's dtype only); at 65536 RMSNorm's clusters cache the
     weight alone (the cache is sized by the arrays it holds) and stage the
     next row beside it, and LayerNorm's weight and bias take a cluster
     without the cache."""

@@ -50,7 +50,11 @@ __device__ __forceinline__ void cta_sum(A (&v)[K], A (&sm)[2][32][2], int& parit
   parity ^= 1;
 }
 
-template <typename T, typename W, int VEC>
+// NV > 0, the straight-line variant: every thread holds exactly NV
+// accesses of the row (cols == NV * VEC * blockDim.x: launch_plan.h's
+// reread_exact), so its walks have no loop and no test an access, and each
+// CTA runs one row.  NV == 0: any row, a grid-stride loop over the rows.
+template <typename T, typename W, int VEC, int NV>
 __global__ void __launch_bounds__(kRereadMaxThreads, kRereadMinCtas)
 norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
   static_assert(VEC * sizeof(T) == 16, "16-byte accesses");
@@ -63,24 +67,39 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
   const W* __restrict__ bg = static_cast<const W*>(p.b);
   auto at = [](int c) { return int64_t(c) * VEC; };
 
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+  auto one_row = [&](int64_t row) {
     const T* __restrict__ xrow = static_cast<const T*>(p.x) + row * p.x_stride;
     // One walk over the row for its sums, kRereadLoads accesses a thread at
-    // a time, each valid access handed to f; the lines stay in L1.
-    auto walk = [&](auto f) {
-      for (int j = tid; j < nvec; j += kRereadLoads * nt) {
-        Frag<T, VEC> xr[kRereadLoads];
+    // a time (NV > 0: all NV), each valid access handed to f; the lines stay
+    // in L1.  LayerNorm's exact third walk (below) loads without allocating
+    // in L1 (the lines are there already), so that its loads differ from the
+    // first walk's: the compiler otherwise keeps the first walk's fragments
+    // for it, and LayerNorm's straight-line rows ran 0.5-0.7 points slower
+    // (H200, % of copy bandwidth, LN bf16 5120 96.3 -> 95.6, 7168 94.5 ->
+    // 93.8, 8192 95.8 -> 95.3; docs/performance.md v25a).
+    auto walk = [&](auto f, auto third) {
+      if constexpr (NV > 0) {
+        constexpr L1Policy P = decltype(third)::value ? L1Policy::kNoAllocate : L1Policy::kEvictLast;
+        Frag<T, VEC> xr[NV];
 #pragma unroll
-        for (int u = 0; u < kRereadLoads; ++u) {
-          if (j + u * nt >= nvec) {  // never summed; zeroed, or the compiler spills the
-            xr[u].zero();            // fragments it cannot prove written (144-212 bytes)
-            continue;
+        for (int u = 0; u < NV; ++u) load_l1<P>(xr[u], xrow + at(tid + u * nt));
+#pragma unroll
+        for (int u = 0; u < NV; ++u) f(xr[u]);
+      } else {
+        for (int j = tid; j < nvec; j += kRereadLoads * nt) {
+          Frag<T, VEC> xr[kRereadLoads];
+#pragma unroll
+          for (int u = 0; u < kRereadLoads; ++u) {
+            if (j + u * nt >= nvec) {  // never summed; zeroed, or the compiler spills the
+              xr[u].zero();            // fragments it cannot prove written (144-212 bytes)
+              continue;
+            }
+            load_l1<L1Policy::kEvictLast>(xr[u], xrow + at(j + u * nt));
           }
-          load_l1<L1Policy::kEvictLast>(xr[u], xrow + at(j + u * nt));
-        }
 #pragma unroll
-        for (int u = 0; u < kRereadLoads; ++u)
-          if (j + u * nt < nvec) f(xr[u]);
+          for (int u = 0; u < kRereadLoads; ++u)
+            if (j + u * nt < nvec) f(xr[u]);
+        }
       }
     };
     A mean = 0, var = 0;
@@ -91,7 +110,7 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) a += x.get(k) * x.get(k);
         q += a;
-      });
+      }, std::false_type{});
       A v[1] = {q};
       cta_sum(v, sm, parity);
       var = v[0] * inv_n;
@@ -106,7 +125,7 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
         }
         s1 += a;
         s2 += b;
-      });
+      }, std::false_type{});
       A v[2] = {s1, s2};
       cta_sum(v, sm, parity);
       mean = v[0] * inv_n;
@@ -119,7 +138,7 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
 #pragma unroll
           for (int k = 0; k < VEC; ++k) a += (x.get(k) - mean) * (x.get(k) - mean);
           s3 += a;
-        });
+        }, std::true_type{});
         A q[1] = {s3};
         cta_sum(q, sm, parity);
         var = q[0] * inv_n;
@@ -135,29 +154,45 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
     const A shift = -mean * rstd;
     T* __restrict__ yrow = static_cast<T*>(p.y) + row * p.cols;
     auto write_row = [&](auto has_w, auto has_b) {
-      constexpr int U = kRereadWriteLoads<T, W>;
-      for (int j = tid; j < nvec; j += U * nt) {
+      // Access c of the row: x again (from L1), weight and bias, y.
+      auto write = [&](int c) {
+        Frag<T, VEC> xi;
+        load_l1<L1Policy::kEvictFirst>(xi, xrow + at(c));
+        Frag<W, VEC> w, b;
+        if constexpr (has_w()) load_l1<L1Policy::kEvictLast>(w, wg + at(c));
+        if constexpr (has_b()) load_l1<L1Policy::kEvictLast>(b, bg + at(c));
+        A y[VEC];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int c = j + u * nt;
-          if (c >= nvec) continue;
-          Frag<T, VEC> xi;
-          load_l1<L1Policy::kEvictFirst>(xi, xrow + at(c));
-          Frag<W, VEC> w, b;
-          if constexpr (has_w()) load_l1<L1Policy::kEvictLast>(w, wg + at(c));
-          if constexpr (has_b()) load_l1<L1Policy::kEvictLast>(b, bg + at(c));
-          A y[VEC];
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            const A xh = xi.get(k) * rstd + shift;
-            y[k] = affine(has_w, has_b, xh, w, b, k);
-          }
-          store_vec(yrow + at(c), y);
+        for (int k = 0; k < VEC; ++k) {
+          const A xh = xi.get(k) * rstd + shift;
+          y[k] = affine(has_w, has_b, xh, w, b, k);
         }
+        store_vec(yrow + at(c), y);
+      };
+      constexpr int U = kRereadWriteLoads<T, W>;
+      if constexpr (NV > 0) {
+        // UE accesses at a time: U with both weight and bias spilled (8
+        // bytes in 16-bit rows).
+        constexpr int UE = has_w() && has_b() ? 1 : U;
+#pragma unroll 1
+        for (int j0 = 0; j0 < NV; j0 += UE)
+#pragma unroll
+          for (int j = j0; j < j0 + UE && j < NV; ++j) write(tid + j * nt);
+      } else {
+        for (int j = tid; j < nvec; j += U * nt)
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+            if (j + u * nt < nvec) write(j + u * nt);
       }
     };
     with_affine(wg, bg, write_row);
-  }
+  };
+  // The straight-line variants run one row a CTA (reread_exact: at most
+  // 2^31 - 1 rows); the loop's registers made them spill.
+  if constexpr (NV > 0)
+    one_row(blockIdx.x);
+  else
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) one_row(row);
 }
 
 }  // namespace fln::cuda

@@ -25,6 +25,7 @@ namespace fln::cuda {
 
 static_assert(kMaxCta == kMaxCtaThreads, "launch_plan.h and the kernels' launch bounds must agree");
 static_assert(kRereadCta == kRereadMaxThreads, "launch_plan.h and fwd_reread_kernel.cuh must agree on CTA size");
+static_assert(kRereadSmThreads == kRereadMaxThreads * kRereadMinCtas, "and on the threads an SM");
 static_assert(kMaxGroup == kMaxGroupCtas, "launch_plan.h and group_xchg.cuh must agree on row groups");
 static_assert(kShortRowAccesses == kRowsAccesses && kShortRowCta == kRowsCtaThreads,
               "launch_plan.h and fwd_rows_kernel.cuh must agree on short rows");
@@ -228,6 +229,15 @@ auto fwd_rows_kernel_for(const Plan& pl) -> void (*)(FwdParams, dacc_t<DT>) {
   return &norm_fwd_rows_kernel<DT, DW, V, kRowsAccesses, 32>;
 }
 
+// The re-read kernel of a plan (Plan::reread): the straight-line variant
+// where every thread holds exactly kRereadPairAccesses of the row.
+template <typename DT, typename DW>
+auto fwd_reread_kernel_for(const Plan& pl, int64_t cols) -> void (*)(FwdParams, dacc_t<DT>) {
+  constexpr int V = 16 / sizeof(DT);
+  if (reread_exact(pl, cols)) return &norm_fwd_reread_kernel<DT, DW, V, kRereadPairAccesses>;
+  return &norm_fwd_reread_kernel<DT, DW, V, 0>;
+}
+
 template <typename DT, typename DW>
 auto fwd_kernel_for(const Plan& pl) {
   constexpr int V = 16 / sizeof(DT);
@@ -349,8 +359,7 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   // block (several short rows, or one re-read row), at most 2^31 - 1 CTAs
   // (the kernels stride past that).
   if (pl.short_rows || pl.reread) {
-    constexpr int V = 16 / sizeof(DT);
-    auto kernel = pl.short_rows ? fwd_rows_kernel_for<DT, DW>(pl) : &norm_fwd_reread_kernel<DT, DW, V>;
+    auto kernel = pl.short_rows ? fwd_rows_kernel_for<DT, DW>(pl) : fwd_reread_kernel_for<DT, DW>(pl, p.cols);
     const int64_t groups = pl.groups < INT32_MAX ? pl.groups : INT32_MAX;
     return launch(kernel, dim3(unsigned(groups)), dim3(pl.cta_threads), 0, 1, stream, p, A(1.0 / double(p.cols)));
   }

@@ -289,6 +289,53 @@ inline int64_t reread_min_row(int elem_bytes, int w_bytes, bool params_outweigh_
   return params_16bit && kRereadMinRowParams < xs.min_row_bytes ? kRereadMinRowParams : xs.min_row_bytes;
 }
 
+// Rows that kRereadPairAccesses 16-byte accesses a thread cover exactly
+// take the re-read kernel's straight-line variant (fwd_reread_kernel.cuh,
+// NV = 2), one CTA of cols / (2 * vec) threads a row, where at least
+// kRereadPairMinCtas such CTAs share an SM and fill at least 7/8 of its
+// kRereadSmThreads thread slots, and the CTA has at least kRereadPairMinCta
+// threads: rows of 10-21 KB (bf16 5120-10752 and fp32 2560-5376, a
+// multiple of 32 accesses, but not CTAs of 352, 416, 544 or 576 threads),
+// with weights of x's dtype or none.  Like torch.compile's Triton kernels
+// (one straight-line program a row, 16 warps at RMS bf16 8192): more
+// threads, fewer registers and instructions a thread than the register
+// rows or the looped walk at kRereadAccesses.  H200, % of copy bandwidth,
+// 86b7f27's plan -> straight pair (docs/performance.md v25a): LN bf16 5120
+// 93.1 -> 96.3, 7168 92.8 -> 94.5, 8192 93.4 -> 96.0, 10240 92.9 -> 94.0,
+// fp16 5120 93.1 -> 95.1, 8192 93.2 -> 94.1; RMS bf16 10240 93.5 -> 96.7,
+// fp16 10240 93.2 -> 95.8; fp32 5120 LN 94.2 -> 98.5, RMS 95.6 -> 98.2;
+// the rest level (RMS bf16 5120-8192 -0.0 to +0.6).  Two CTAs an SM lost or
+// gained little (LN bf16 14336, 896 threads, 93.3 -> 89.6; fp16 16384 LN
+// 92.0 -> 90.4, RMS 94.9 -> 93.5; bf16 16384 +0.2 to +0.5), and so did 256
+// threads (LN bf16 4096 95.0 -> 93.8) and 768 (RMS bf16 12288 92.6 ->
+// 90.4); the same layout through the looped walk lost (RMS bf16 16384
+// 89.3).
+constexpr int kRereadPairAccesses = 2;
+constexpr int kRereadPairMinCta = 320;
+constexpr int kRereadPairMinCtas = 3;
+constexpr int kRereadSmThreads = 2048;  // kRereadMinCtas CTAs of kRereadCta threads an SM (32 registers)
+inline bool reread_pair_fits(int64_t nvec) {
+  if (nvec % (32 * kRereadPairAccesses) != 0) return false;
+  const int64_t t = nvec / kRereadPairAccesses, ctas = kRereadSmThreads / t;
+  return t >= kRereadPairMinCta && ctas >= kRereadPairMinCtas && ctas * t * 8 >= int64_t(kRereadSmThreads) * 7;
+}
+
+// The straight-line variant runs a plan of exactly kRereadPairAccesses a
+// thread, one CTA a row (a grid of at most 2^31 - 1 CTAs).
+inline bool reread_exact(const Plan& p, int64_t cols) {
+  return p.reread && p.nv == kRereadPairAccesses && int64_t(p.tpr) * p.nv * p.vec == cols && p.groups < INT32_MAX;
+}
+
+inline Plan reread_pair_layout(int64_t rows, int64_t nvec, int vec) {
+  Plan p;
+  p.reread = true;
+  p.vec = vec;
+  p.nv = kRereadPairAccesses;
+  p.tpr = p.cta_threads = int(nvec / kRereadPairAccesses);
+  p.groups = rows;
+  return p;
+}
+
 inline Plan reread_layout(int64_t rows, int64_t nvec, int vec) {
   Plan p;
   p.reread = true;
@@ -421,6 +468,8 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
   const int64_t row_bytes = cols * elem_bytes;
   const bool params_outweigh_row = cols * w_bytes * w_arrays > row_bytes;
   if (bwd || !vec_ok || !r.registers || r.group) return r;
+  if (dev.cc_major == 9 && elem_bytes <= 4 && w_bytes <= elem_bytes && reread_pair_fits(cols / r.vec))
+    return reread_pair_layout(rows, cols / r.vec, r.vec);
   const bool inflight_ok = register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
   const bool keep_registers =
       r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes, params_outweigh_row);
