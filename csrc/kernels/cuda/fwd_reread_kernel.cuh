@@ -76,7 +76,7 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
     // first walk's: the compiler otherwise keeps the first walk's fragments
     // for it, and LayerNorm's straight-line rows ran 0.5-0.7 points slower
     // (H200, % of copy bandwidth, LN bf16 5120 96.3 -> 95.6, 7168 94.5 ->
-    // 93.8, 8192 95.8 -> 95.3; docs/performance.md v25a).
+    // 93.8, 8192 96.0 -> 95.4; docs/performance.md v25a).
     auto walk = [&](auto f, auto third) {
       if constexpr (NV > 0) {
         constexpr L1Policy P = decltype(third)::value ? L1Policy::kNoAllocate : L1Policy::kEvictLast;

@@ -38,8 +38,9 @@ constexpr int kShortRowCta = 128;
 
 // Forward rows kept in shared memory (Plan::x_smem).  On sm_90 the rows of
 // 16-80 KB of 2- and 4-byte types are re-read instead (kRereadMaxRow; and
-// LayerNorm's 16-bit rows from 14 KB, reread_min_row), except one-CTA
-// register rows and the longer rows of staged clusters; what follows
+// LayerNorm's 16-bit rows from 14 KB, reread_min_row; and rows of 10-21 KB
+// that two accesses a thread cover exactly, reread_pair_fits), except
+// one-CTA register rows and the longer rows of staged clusters; what follows
 // decides the rest (rows past 80 KB, fp64, sm_80) and dates from before
 // v18a.  A register plan keeps
 // at most 64K registers of 64 per thread busy on an SM, and CTAs of 384 or
@@ -222,10 +223,12 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
 // accesses a thread where that many threads cover the row.  Forward rows of
 // 16-byte accesses of 2- and 4-byte types from XSmemTuning::min_row_bytes
 // (reread_min_row, below) to kRereadMaxRow take it on sm_90, except where
-// the register plan is one CTA that keeps max_inflight bytes in flight (bf16 8192 and 16384, fp32 4096
-// and 8192: there the register rows ran 1.5-3.8 points ahead), unless
-// reread_despite_inflight (below), and except the longer rows of staged
-// clusters (reread_max_row, below).  Measured on
+// the register plan is one CTA that keeps max_inflight bytes in flight
+// (bf16 8192 and 16384, fp32 4096 and 8192: there the register rows ran
+// 1.5-3.8 points ahead), unless reread_despite_inflight (below), and
+// except the longer rows of staged clusters (reread_max_row, below).  Rows
+// of 10-21 KB that two accesses a thread cover exactly take it whatever
+// their register plan (reread_pair_fits, below).  Measured on
 // H200 only: sm_80 has 192 KB of L1 and shared memory, not 256, and newer
 // GPUs run the kernel from compute_90 PTX, whose JIT ignores the launch
 // bounds' CTAs an SM.  H200, % of copy bandwidth, LN / RMS, plan -> re-read
@@ -289,26 +292,25 @@ inline int64_t reread_min_row(int elem_bytes, int w_bytes, bool params_outweigh_
   return params_16bit && kRereadMinRowParams < xs.min_row_bytes ? kRereadMinRowParams : xs.min_row_bytes;
 }
 
-// Rows that kRereadPairAccesses 16-byte accesses a thread cover exactly
-// take the re-read kernel's straight-line variant (fwd_reread_kernel.cuh,
-// NV = 2), one CTA of cols / (2 * vec) threads a row, where at least
-// kRereadPairMinCtas such CTAs share an SM and fill at least 7/8 of its
-// kRereadSmThreads thread slots, and the CTA has at least kRereadPairMinCta
-// threads: rows of 10-21 KB (bf16 5120-10752 and fp32 2560-5376, a
-// multiple of 32 accesses, but not CTAs of 352, 416, 544 or 576 threads),
-// with weights of x's dtype or none.  Like torch.compile's Triton kernels
-// (one straight-line program a row, 16 warps at RMS bf16 8192): more
-// threads, fewer registers and instructions a thread than the register
-// rows or the looped walk at kRereadAccesses.  H200, % of copy bandwidth,
-// 86b7f27's plan -> straight pair (docs/performance.md v25a): LN bf16 5120
-// 93.1 -> 96.3, 7168 92.8 -> 94.5, 8192 93.4 -> 96.0, 10240 92.9 -> 94.0,
-// fp16 5120 93.1 -> 95.1, 8192 93.2 -> 94.1; RMS bf16 10240 93.5 -> 96.7,
-// fp16 10240 93.2 -> 95.8; fp32 5120 LN 94.2 -> 98.5, RMS 95.6 -> 98.2;
-// the rest level (RMS bf16 5120-8192 -0.0 to +0.6).  Two CTAs an SM lost or
-// gained little (LN bf16 14336, 896 threads, 93.3 -> 89.6; fp16 16384 LN
-// 92.0 -> 90.4, RMS 94.9 -> 93.5; bf16 16384 +0.2 to +0.5), and so did 256
-// threads (LN bf16 4096 95.0 -> 93.8) and 768 (RMS bf16 12288 92.6 ->
-// 90.4); the same layout through the looped walk lost (RMS bf16 16384
+// Rows that kRereadPairAccesses 16-byte accesses a thread cover exactly take
+// the re-read kernel's straight-line variant (fwd_reread_kernel.cuh, NV = 2),
+// one CTA of cols / (2 * vec) threads a row, where at least kRereadPairMinCtas
+// such CTAs share an SM and fill at least 7/8 of its kRereadSmThreads thread
+// slots, and the CTA has at least kRereadPairMinCta threads: rows of 10-21 KB
+// (bf16 5120-10752 and fp32 2560-5376, a multiple of 32 accesses, but not CTAs
+// of 352, 416, 544 or 576 threads), with weights of x's dtype or none.  Like
+// torch.compile's Triton kernels (one straight-line program a row, 16 warps at
+// RMS bf16 8192): more threads, fewer registers and instructions a thread than
+// the register rows or the looped walk at kRereadAccesses.  H200, % of copy
+// bandwidth, 86b7f27's plan -> straight pair (docs/performance.md v25a): LN
+// bf16 5120 93.1 -> 96.3, 7168 92.8 -> 94.5, 8192 93.4 -> 96.0, 10240 92.9 ->
+// 94.0, fp16 5120 93.1 -> 95.1, 8192 93.2 -> 94.1; RMS bf16 10240 93.5 ->
+// 96.7, fp16 10240 93.2 -> 95.8; fp32 5120 LN 94.2 -> 98.5, RMS 95.6 -> 98.2;
+// the rest level (RMS 16-bit 5120-8192, LN fp16 10240: -0.2 to +0.6).  Two
+// CTAs an SM lost or gained little (LN bf16 14336, 896 threads, 93.3 -> 89.6;
+// fp16 16384 LN 91.9 -> 90.4, RMS 94.9 -> 93.5; bf16 16384 +0.2 to +0.5), and
+// so did 256 threads (LN bf16 4096 95.0 -> 93.8) and 768 (RMS bf16 12288 92.6
+// -> 90.4); the same layout through the looped walk lost (RMS bf16 16384
 // 89.3).
 constexpr int kRereadPairAccesses = 2;
 constexpr int kRereadPairMinCta = 320;
