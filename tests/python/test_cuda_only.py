@@ -85,10 +85,10 @@ def test_sanitize_staged_rows(kind, dtype, hidden, seed):
 @pytest.mark.sanitize
 @kinds
 @pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 7176), (torch.bfloat16, 8192), (torch.bfloat16, 20488),
-                                          (torch.bfloat16, 40960), (torch.float32, 4096), (torch.float32, 10248),
-                                          (torch.float32, 20480)],
-                         ids=["bf16-7176", "bf16-8192", "bf16-20488", "bf16-40960", "fp32-4096", "fp32-10248",
-                              "fp32-20480"])
+                                          (torch.bfloat16, 40960), (torch.float32, 4096), (torch.float32, 4104),
+                                          (torch.float32, 10248), (torch.float32, 20480)],
+                         ids=["bf16-7176", "bf16-8192", "bf16-20488", "bf16-40960", "fp32-4096", "fp32-4104",
+                              "fp32-10248", "fp32-20480"])
 @pytest.mark.parametrize("offset", [0.0, 8.0])
 def test_sanitize_reread_rows(kind, dtype, hidden, offset, seed):
     """The forward that reads its row twice (rows of 16-80 KB, and
@@ -164,11 +164,13 @@ def test_misaligned_pointers(kind, dtype, hidden, layout, seed):
 # --- hidden-size and row-count sweeps -------------------------------------------
 
 # 4096-65536 include rows re-read from L1 (sm_90: 16-80 KB, and LayerNorm's
-# 16-bit rows from 14 KB: LayerNorm's 16-bit 7168, fp32 6144, bf16 12288 and
-# 24576, fp32 12288, RMSNorm's fp32 14336 and 16384 and 16-bit 32768,
-# LayerNorm's 16-bit 16384), one-CTA register rows (RMSNorm's 16-bit 16384)
-# and register clusters that stage the next row (bf16 49152 and 65536, fp32
-# from 24576, LayerNorm's fp32 14336 and 16384 and 16-bit 32768).
+# 16-bit rows from 14 KB: fp32 6144, bf16 12288 and 24576, fp32 12288,
+# RMSNorm's fp32 14336 and 16384 and 16-bit 32768, LayerNorm's 16-bit
+# 16384), rows re-read by the straight-line pair variant (16-bit 5120, 6144
+# and 7168, fp32 4096 and 5120: reread_pair_fits), one-CTA register rows
+# (RMSNorm's 16-bit 16384) and register clusters that stage the next row
+# (bf16 49152 and 65536, fp32 from 24576, LayerNorm's fp32 14336 and 16384
+# and 16-bit 32768).
 SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 1000, 1023, 1024, 1025, 4096, 5120, 6144, 7168, 8191, 12288,
                 14336, 16384, 24576, 32768, 49152, 65536, 65537, 131072, 262144]
 

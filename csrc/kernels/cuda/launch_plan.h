@@ -224,8 +224,10 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
 // 16-byte accesses of 2- and 4-byte types from XSmemTuning::min_row_bytes
 // (reread_min_row, below) to kRereadMaxRow take it on sm_90, except where
 // the register plan is one CTA that keeps max_inflight bytes in flight
-// (bf16 8192 and 16384, fp32 4096 and 8192: there the register rows ran
-// 1.5-3.8 points ahead), unless reread_despite_inflight (below), and
+// (bf16 16384, fp32 8192, and bf16 8192 with an fp32 weight: there the
+// register rows ran 1.5-3.8 points ahead; bf16 8192 and fp32 4096 with
+// weights of x's dtype now take the pair rows, below), unless
+// reread_despite_inflight (below), and
 // except the longer rows of staged clusters (reread_max_row, below).  Rows
 // of 10-21 KB that two accesses a thread cover exactly take it whatever
 // their register plan (reread_pair_fits, below).  Measured on
@@ -297,7 +299,7 @@ inline int64_t reread_min_row(int elem_bytes, int w_bytes, bool params_outweigh_
 // one CTA of cols / (2 * vec) threads a row, where at least kRereadPairMinCtas
 // such CTAs share an SM and fill at least 7/8 of its kRereadSmThreads thread
 // slots, and the CTA has at least kRereadPairMinCta threads: rows of 10-21 KB
-// (bf16 5120-10752 and fp32 2560-5376, a multiple of 32 accesses, but not CTAs
+// (bf16 5120-10752 and fp32 2560-5376, a multiple of 64 accesses, but not CTAs
 // of 352, 416, 544 or 576 threads), with weights of x's dtype or none.  Like
 // torch.compile's Triton kernels (one straight-line program a row, 16 warps at
 // RMS bf16 8192): more threads, fewer registers and instructions a thread than
@@ -325,7 +327,8 @@ inline bool reread_pair_fits(int64_t nvec) {
 // The straight-line variant runs a plan of exactly kRereadPairAccesses a
 // thread, one CTA a row (a grid of at most 2^31 - 1 CTAs).
 inline bool reread_exact(const Plan& p, int64_t cols) {
-  return p.reread && p.nv == kRereadPairAccesses && int64_t(p.tpr) * p.nv * p.vec == cols && p.groups < INT32_MAX;
+  return p.reread && p.nv == kRereadPairAccesses && p.tpr == p.cta_threads &&
+         int64_t(p.tpr) * p.nv * p.vec == cols && p.groups < INT32_MAX;
 }
 
 inline Plan reread_pair_layout(int64_t rows, int64_t nvec, int vec) {
