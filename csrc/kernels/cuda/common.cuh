@@ -148,9 +148,11 @@ __device__ __forceinline__ A affine(HasW, HasB, A xh, const FW& w, const FW& b, 
 }
 
 // 16-byte loads with an L1 policy and an L2 eviction priority; other widths
-// take an ordinary load.  Not volatile and without a memory clobber (.nc):
-// the kernels never write what they load this way.  The caller guarantees
-// 16-byte alignment.
+// take an ordinary load.  The caller guarantees 16-byte alignment.  The asm
+// is volatile: otherwise the compiler takes it for a pure function of the
+// address and may hoist it out of its bounds test (v26's first build
+// loaded the dead rows of fwd_rows_kernel.cuh: an illegal address).  No
+// memory clobber (.nc): the kernels never write what they load this way.
 // - L1Policy::kNoAllocate: not kept in L1 (x or dy, read once), so that L1
 //   stays with what is reused.
 // - L1Policy::kEvictLast: kept in L1 ahead of other lines (a weight every row
@@ -188,33 +190,33 @@ __device__ __forceinline__ void load_l1(Frag<T, VEC>& f, const T* p) {
     uint4 v;
     if constexpr (Q == L2Policy::kNormal) {
       if constexpr (P == L1Policy::kNoAllocate)
-        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p));
       else if constexpr (P == L1Policy::kEvictLast)
-        asm("ld.global.nc.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        asm volatile("ld.global.nc.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];\n"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p));
       else
-        asm("ld.global.nc.L1::evict_first.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        asm volatile("ld.global.nc.L1::evict_first.v4.u32 {%0,%1,%2,%3}, [%4];\n"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p));
     } else {
       const uint64_t pol = l2_cache_policy<Q>();
       if constexpr (P == L1Policy::kNoAllocate)
-        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(pol));
       else if constexpr (P == L1Policy::kEvictLast)
-        asm("ld.global.nc.L1::evict_last.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+        asm volatile("ld.global.nc.L1::evict_last.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(pol));
       else if constexpr (P == L1Policy::kEvictFirst)
-        asm("ld.global.nc.L1::evict_first.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+        asm volatile("ld.global.nc.L1::evict_first.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(pol));
       else
-        asm("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+        asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(pol));
     }
