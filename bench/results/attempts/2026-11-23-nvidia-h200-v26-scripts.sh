@@ -73,58 +73,7 @@ for round in 1 2; do
 done 2>&1 | grep -v Warning | tee $OUT/ab.txt
 date
 # ==== abtmp/ab2.py
-"""[experiment, not kept] ours (public API) and torch.compile, forward under no_grad; % of copy."""
-import os, sys
-import torch
-import torch.nn.functional as F
-from fused_layernorm.bench import cases, timing
-from fused_layernorm import fused_layer_norm, fused_rms_norm
-
-DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-import torch._dynamo as dynamo
-for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
-    if hasattr(dynamo.config, knob):
-        setattr(dynamo.config, knob, max(getattr(dynamo.config, knob), 4096))
-cln = torch.compile(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), dynamic=False)
-crms = torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6), dynamic=False)
-
-
-def main():
-    copy = timing.copy_bandwidth("cuda")["gbps"]
-    flush = timing.L2Flush()
-    tag = sys.argv[1]
-    for spec in sys.argv[2:]:
-        who, op, dt, h = spec.split(":")[:4]
-        hidden = int(h)
-        rows = (1 << 27) // hidden
-        name = "rmsnorm" if op == "rms" else "layernorm"
-        inp = cases.make_inputs(name, rows, hidden, DT[dt], "cuda")
-        x, w = inp.x, inp.w.detach()
-        b = inp.b.detach() if inp.b is not None else None
-        if who == "ours":
-            f = (lambda: fused_rms_norm(x, w, 1e-6)) if op == "rms" else (lambda: fused_layer_norm(x, w, b, 1e-5))
-        else:
-            f = (lambda: crms(x, w)) if op == "rms" else (lambda: cln(x, w, b))
-        with torch.no_grad():
-            y = f()
-            xd = x[:64].double()
-            if op == "rms":
-                ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
-            else:
-                ref = F.layer_norm(xd, (hidden,), w.double(), b.double(), 1e-5)
-            err = (y[:64].double() - ref).abs().max().item()
-            ok = err < (0.1 if dt != "fp32" else 1e-4)
-            torch.cuda.synchronize()
-            us, _ = timing.cuda_time_us(f, reps=25, warmup=3, flush=flush)
-        nb = cases.bytes_moved(name, "fwd", rows, hidden, DT[dt])
-        print(f"{tag} {spec:24s} {us:9.1f} us {100 * nb / us / 1e3 / copy:6.1f} %{'' if ok else f'  BAD {err:.2e}'}", flush=True)
-        del f, x, w, b, inp
-        torch.cuda.empty_cache()
-    print(f"{tag} copy {copy:.0f} GB/s")
-
-
-if __name__ == "__main__":
-    main()
+# identical to abtmp/ab2.py in 2026-11-23-nvidia-h200-v25-scripts.sh (not repeated)
 # ==== abtmp/ab3.py
 """[experiment, not kept] ours (public API): forward under no_grad or backward alone (autograd.grad, retain_graph); % of copy."""
 import sys
@@ -168,26 +117,7 @@ def main():
 if __name__ == "__main__":
     main()
 # ==== abtmp/ncu1.py
-"""[experiment] one forward of a case (ours or compile), for ncu."""
-import sys, torch
-import torch.nn.functional as F
-who, op, dt, h = sys.argv[1].split(":")
-DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-hidden = int(h); rows = (1 << 27) // hidden
-x = torch.randn(rows, hidden, device="cuda", dtype=DT[dt]); w = torch.randn(hidden, device="cuda", dtype=DT[dt]); b = torch.randn_like(w)
-if who == "ours":
-    from fused_layernorm import fused_layer_norm, fused_rms_norm
-    f = (lambda: fused_rms_norm(x, w, 1e-6)) if op == "rms" else (lambda: fused_layer_norm(x, w, b, 1e-5))
-else:
-    c = torch.compile((lambda x, w: F.rms_norm(x, (hidden,), w, 1e-6)) if op == "rms" else (lambda x, w, b: F.layer_norm(x, (hidden,), w, b, 1e-5)), dynamic=False)
-    f = (lambda: c(x, w)) if op == "rms" else (lambda: c(x, w, b))
-with torch.no_grad():
-    for _ in range(3): f()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    f()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+# identical to abtmp/ncu1.py in 2026-11-23-nvidia-h200-v25-scripts.sh (not repeated)
 # ==== abtmp/prof.py
 """[experiment] kernels launched by one forward call (torch.profiler)."""
 import sys, torch
