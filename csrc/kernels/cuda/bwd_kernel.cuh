@@ -144,12 +144,15 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
         r.dy[i].zero();
       } else {
         const int64_t xo = row * p.x_stride + col(i), dyo = row * p.dy_stride + col(i);
+        // evict_last in L2, as the forward's x (fwd_kernel.cuh; H200, %
+        // of copy bandwidth: LN bf16 256 94.0 -> 94.8, 16384 91.5 -> 92.4,
+        // fp32 1024 97.7 -> 98.6, fp32 16384 92.5 -> 95.5; docs/performance.md v26b).
         if constexpr (kStream) {
-          load_l1<L1Policy::kNoAllocate>(r.x[i], xg + xo);
-          load_l1<L1Policy::kNoAllocate>(r.dy[i], dyg + dyo);
+          load_l1<L1Policy::kNoAllocate, L2Policy::kEvictLast>(r.x[i], xg + xo);
+          load_l1<L1Policy::kNoAllocate, L2Policy::kEvictLast>(r.dy[i], dyg + dyo);
         } else {
-          r.x[i].load(xg + xo);
-          r.dy[i].load(dyg + dyo);
+          load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(r.x[i], xg + xo);
+          load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(r.dy[i], dyg + dyo);
         }
       }
     }

@@ -147,35 +147,82 @@ __device__ __forceinline__ A affine(HasW, HasB, A xh, const FW& w, const FW& b, 
   else return xh;
 }
 
-// 16-byte loads with an L1 policy; other widths take an ordinary load.  Not
-// volatile and without a memory clobber (.nc): the kernels never write what
-// they load this way.  The caller guarantees 16-byte alignment.
-// - kNoAllocate: not kept in L1 (x or dy, read once), so that L1 stays with
-//   what is reused.
-// - kEvictLast: kept in L1 ahead of other lines (a weight every row reads,
-//   or a row read again soon).
-// - kEvictFirst: the last read of a line kept by kEvictLast.
-enum class L1Policy { kNoAllocate, kEvictLast, kEvictFirst };
+// 16-byte loads with an L1 policy and an L2 eviction priority; other widths
+// take an ordinary load.  The caller guarantees 16-byte alignment.  The asm
+// is volatile: otherwise the compiler takes it for a pure function of the
+// address and may hoist it out of the test around it (v26's first build
+// loaded the weight and bias of fwd_rows_kernel.cuh past with_affine's
+// null tests: an illegal address where either was absent).  No memory
+// clobber (.nc): the kernels never write what they load this way.  Needs
+// sm_80 (createpolicy): the build targets sm_80 and newer.
+// - L1Policy::kNoAllocate: not kept in L1 (x or dy, read once), so that L1
+//   stays with what is reused.
+// - L1Policy::kEvictLast: kept in L1 ahead of other lines (a weight every row
+//   reads, or a row read again soon).
+// - L1Policy::kEvictFirst: the last read of a line kept by kEvictLast.
+// - L1Policy::kNormal: an ordinary (coherent) load, for an L2 priority alone.
+// - L2Policy::kEvictLast / kEvictFirst: an L2 cache hint (createpolicy,
+//   sm_80+) on the load.  The register kernels load x (and dy), weight and
+//   bias evict_last in L2; the re-read kernel marks x evict_last on its
+//   first read and evict_first on its last, as torch.compile's Triton
+//   kernels do.  Worth 1-4 points of copy bandwidth (fwd_kernel.cuh,
+//   fwd_reread_kernel.cuh, docs/performance.md v26); why the L2 priority of
+//   lines read once matters is not established.
+enum class L1Policy { kNoAllocate, kEvictLast, kEvictFirst, kNormal };
+enum class L2Policy { kNormal, kEvictLast, kEvictFirst };
 
-template <L1Policy P, typename T, int VEC>
+// The 64-bit cache policy of an L2 priority for the whole line (fraction 1).
+// Not volatile: the compiler folds it into the loads' memory descriptor.
+template <L2Policy Q>
+__device__ __forceinline__ uint64_t l2_cache_policy() {
+  static_assert(Q != L2Policy::kNormal, "no policy to create");
+  uint64_t pol;
+  if constexpr (Q == L2Policy::kEvictLast)
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  else
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+
+template <L1Policy P, L2Policy Q = L2Policy::kNormal, typename T, int VEC>
 __device__ __forceinline__ void load_l1(Frag<T, VEC>& f, const T* p) {
-  if constexpr (sizeof(f.r) == 16) {
-    uint4 v;
-    if constexpr (P == L1Policy::kNoAllocate)
-      asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-          : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-          : "l"(p));
-    else if constexpr (P == L1Policy::kEvictLast)
-      asm("ld.global.nc.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-          : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-          : "l"(p));
-    else
-      asm("ld.global.nc.L1::evict_first.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-          : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-          : "l"(p));
-    memcpy(&f.r, &v, 16);
-  } else {
+  if constexpr (sizeof(f.r) != 16 || (P == L1Policy::kNormal && Q == L2Policy::kNormal)) {
     f.load(p);
+  } else {
+    uint4 v;
+    if constexpr (Q == L2Policy::kNormal) {
+      if constexpr (P == L1Policy::kNoAllocate)
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+      else if constexpr (P == L1Policy::kEvictLast)
+        asm volatile("ld.global.nc.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+      else
+        asm volatile("ld.global.nc.L1::evict_first.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+    } else {
+      const uint64_t pol = l2_cache_policy<Q>();
+      if constexpr (P == L1Policy::kNoAllocate)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p), "l"(pol));
+      else if constexpr (P == L1Policy::kEvictLast)
+        asm volatile("ld.global.nc.L1::evict_last.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p), "l"(pol));
+      else if constexpr (P == L1Policy::kEvictFirst)
+        asm volatile("ld.global.nc.L1::evict_first.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p), "l"(pol));
+      else
+        asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p), "l"(pol));
+    }
+    memcpy(&f.r, &v, 16);
   }
 }
 

@@ -253,7 +253,14 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
         if (live && c < n) xr[i] = load_shared16<T, VEC>(stage_slot(i));
         else xr[i].zero();
       } else {
-        if (live && c < n) xr[i].load(xrow + c);
+        // x, and below the weight and bias, are loaded evict_last in L2
+        // (common.cuh's load_l1): H200, % of copy bandwidth, LN bf16 512
+        // 94.9 -> 98.1, 1024 94.6 -> 97.8, RMS bf16 256 94.7 -> 98.0, 4096
+        // 94.1 -> 98.0, fp32 LN 512 96.5 -> 99.9, RMS 8192 97.8 -> 99.0
+        // (the register rows and fwd_rows_kernel.cuh; docs/performance.md
+        // v26b).  cp.async copies with the same hint lost 20-40 points in
+        // the staged clusters and are left without it.
+        if (live && c < n) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xr[i], xrow + c);
         else xr[i].zero();
       }
     }
@@ -387,11 +394,11 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           if constexpr (has_w()) w = wcache[i * blockDim.x + threadIdx.x];
           if constexpr (has_b()) b = bcache[i * blockDim.x + threadIdx.x];
         } else if constexpr (X_SMEM) {  // see kernel comment: weight and bias kept in L1
-          if constexpr (has_w()) load_l1<L1Policy::kEvictLast>(w, wg + c);
-          if constexpr (has_b()) load_l1<L1Policy::kEvictLast>(b, bg + c);
+          if constexpr (has_w()) load_l1<L1Policy::kEvictLast, L2Policy::kEvictLast>(w, wg + c);
+          if constexpr (has_b()) load_l1<L1Policy::kEvictLast, L2Policy::kEvictLast>(b, bg + c);
         } else {
-          if constexpr (has_w()) w.load(wg + c);
-          if constexpr (has_b()) b.load(bg + c);
+          if constexpr (has_w()) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(w, wg + c);
+          if constexpr (has_b()) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(b, bg + c);
         }
         const Frag<T, VEC> xi = x(i);
         A y[VEC];

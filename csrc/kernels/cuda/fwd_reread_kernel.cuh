@@ -1,7 +1,14 @@
 // Forward kernel that reads its row twice: one CTA a row walks it once for
 // the statistics, then again to write y.  The first walk reads x from DRAM
 // and keeps it in L1 (evict_last); the second reads it back from there
-// (evict_first), so DRAM still sees x once.  No copy of the row is held
+// (evict_first), so DRAM still sees x once.  Both loads carry the same
+// priority in L2 (a cache hint): evict_last on the first read, evict_first
+// on the second, as torch.compile's Triton kernels mark them.  The hints
+// gained 2-4 points (H200, % of copy bandwidth: RMS bf16 8192 94.6 -> 98.2,
+// 12288 92.8 -> 96.7, LN bf16 8192 95.7 -> 98.4, 16384 91.9 -> 95.8, RMS
+// fp32 4096 96.8 -> 100.3; docs/performance.md v26a); an L2 hint on the
+// weight and bias too ran level or behind (LN bf16 5120 98.3 -> 97.8) and
+// is left out.  No copy of the row is held
 // across the reduction, so a thread needs few registers: kRereadMinCtas
 // CTAs of kRereadMaxThreads an SM (32 registers a thread, every warp slot
 // busy), and all their rows are in flight at once.  This is how
@@ -79,10 +86,12 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
     // 93.8, 8192 96.0 -> 95.4; docs/performance.md v25a).
     auto walk = [&](auto f, auto third) {
       if constexpr (NV > 0) {
-        constexpr L1Policy P = decltype(third)::value ? L1Policy::kNoAllocate : L1Policy::kEvictLast;
+        constexpr bool kThird = decltype(third)::value;
+        constexpr L1Policy P = kThird ? L1Policy::kNoAllocate : L1Policy::kEvictLast;
+        constexpr L2Policy Q = kThird ? L2Policy::kNormal : L2Policy::kEvictLast;
         Frag<T, VEC> xr[NV];
 #pragma unroll
-        for (int u = 0; u < NV; ++u) load_l1<P>(xr[u], xrow + at(tid + u * nt));
+        for (int u = 0; u < NV; ++u) load_l1<P, Q>(xr[u], xrow + at(tid + u * nt));
 #pragma unroll
         for (int u = 0; u < NV; ++u) f(xr[u]);
       } else {
@@ -94,7 +103,7 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
               xr[u].zero();            // fragments it cannot prove written (144-212 bytes)
               continue;
             }
-            load_l1<L1Policy::kEvictLast>(xr[u], xrow + at(j + u * nt));
+            load_l1<L1Policy::kEvictLast, L2Policy::kEvictLast>(xr[u], xrow + at(j + u * nt));
           }
 #pragma unroll
           for (int u = 0; u < kRereadLoads; ++u)
@@ -157,7 +166,7 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
       // Access c of the row: x again (from L1), weight and bias, y.
       auto write = [&](int c) {
         Frag<T, VEC> xi;
-        load_l1<L1Policy::kEvictFirst>(xi, xrow + at(c));
+        load_l1<L1Policy::kEvictFirst, L2Policy::kEvictFirst>(xi, xrow + at(c));
         Frag<W, VEC> w, b;
         if constexpr (has_w()) load_l1<L1Policy::kEvictLast>(w, wg + at(c));
         if constexpr (has_b()) load_l1<L1Policy::kEvictLast>(b, bg + at(c));
@@ -169,16 +178,16 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
         }
         store_vec(yrow + at(c), y);
       };
-      constexpr int U = kRereadWriteLoads<T, W>;
       if constexpr (NV > 0) {
-        // UE accesses at a time: U with both weight and bias spilled (8
-        // bytes in 16-bit rows).
-        constexpr int UE = has_w() && has_b() ? 1 : U;
+        // One access at a time: two at a time spilled 8 bytes with weight
+        // and bias, and with the weight alone ran level or behind (H200, %
+        // of copy bandwidth, two -> one, with L2 hints: RMS bf16 8192 98.1
+        // -> 98.1, fp32 4096 97.6 -> 100.3, fp32 5120 96.9 -> 100.5;
+        // docs/performance.md v26a).
 #pragma unroll 1
-        for (int j0 = 0; j0 < NV; j0 += UE)
-#pragma unroll
-          for (int j = j0; j < j0 + UE && j < NV; ++j) write(tid + j * nt);
+        for (int j = 0; j < NV; ++j) write(tid + j * nt);
       } else {
+        constexpr int U = kRereadWriteLoads<T, W>;
         for (int j = tid; j < nvec; j += U * nt)
 #pragma unroll
           for (int u = 0; u < U; ++u)

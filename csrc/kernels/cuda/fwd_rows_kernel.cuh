@@ -73,7 +73,7 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
       for (int i = 0; i < NV; ++i) {
         Frag<T, VEC> f;
         if (live(r) && valid(i))
-          f.load(xrow + r * xstep + i * kStep);
+          load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(f, xrow + r * xstep + i * kStep);  // fwd_kernel.cuh
         else
           f.zero();
 #pragma unroll
@@ -131,8 +131,8 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
       for (int i = 0; i < NV; ++i) {
         if (!valid(i)) continue;
         Frag<W, VEC> w, b;
-        if constexpr (has_w()) w.load(wg + c0 + i * kStep);
-        if constexpr (has_b()) b.load(bg + c0 + i * kStep);
+        if constexpr (has_w()) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(w, wg + c0 + i * kStep);
+        if constexpr (has_b()) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(b, bg + c0 + i * kStep);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           if (!live(r)) continue;
