@@ -1,15 +1,20 @@
-"""Turns the GPU check's JUnit XML into the test counts stored in the results file."""
+"""Turns the GPU check's JUnit XML files (a glob: one a test shard) into the
+test counts stored in the results file."""
+import glob
 import json
 import sys
 import xml.etree.ElementTree as ET
 
 
-def main(junit_path: str, ctest: str, sanitizer_rc: str) -> None:
+def main(junit_glob: str, ctest: str, sanitizer_rc: str) -> None:
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     skipped = {}
+    paths = sorted(glob.glob(junit_glob))
     try:
-        root = ET.parse(junit_path).getroot()
-        for case in root.iter("testcase"):
+        if not paths:
+            raise OSError("no such file")
+        cases = [case for path in paths for case in ET.parse(path).getroot().iter("testcase")]
+        for case in cases:
             if case.find("failure") is not None:
                 counts["failed"] += 1
             elif case.find("error") is not None:
@@ -21,7 +26,7 @@ def main(junit_path: str, ctest: str, sanitizer_rc: str) -> None:
             else:
                 counts["passed"] += 1
     except (OSError, ET.ParseError) as e:
-        counts["error"] = f"could not read {junit_path}: {e}"
+        counts["error"] = f"could not read {junit_glob}: {e}"
     counts["skip_reasons"] = skipped
     counts["compute_sanitizer_exit"] = int(sanitizer_rc)
     counts["ctest"] = ctest
