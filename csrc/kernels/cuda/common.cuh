@@ -153,8 +153,9 @@ __device__ __forceinline__ A affine(HasW, HasB, A xh, const FW& w, const FW& b, 
 // address and may hoist it out of the test around it (v26's first build
 // loaded the weight and bias of fwd_rows_kernel.cuh past with_affine's
 // null tests: an illegal address where either was absent).  No memory
-// clobber (.nc): the kernels never write what they load this way.  Needs
-// sm_80 (createpolicy): the build targets sm_80 and newer.
+// clobber (.nc): the kernels never write what they load this way.  The L2
+// priority needs sm_80 (createpolicy); builds for older GPUs
+// (TORCH_CUDA_ARCH_LIST=7.5) load with the L1 policy alone.
 // - L1Policy::kNoAllocate: not kept in L1 (x or dy, read once), so that L1
 //   stays with what is reused.
 // - L1Policy::kEvictLast: kept in L1 ahead of other lines (a weight every row
@@ -184,8 +185,13 @@ __device__ __forceinline__ uint64_t l2_cache_policy() {
   return pol;
 }
 
-template <L1Policy P, L2Policy Q = L2Policy::kNormal, typename T, int VEC>
+template <L1Policy P, L2Policy Q0 = L2Policy::kNormal, typename T, int VEC>
 __device__ __forceinline__ void load_l1(Frag<T, VEC>& f, const T* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  constexpr L2Policy Q = L2Policy::kNormal;  // no createpolicy: the L1 policy alone
+#else
+  constexpr L2Policy Q = Q0;
+#endif
   if constexpr (sizeof(f.r) != 16 || (P == L1Policy::kNormal && Q == L2Policy::kNormal)) {
     f.load(p);
   } else {
