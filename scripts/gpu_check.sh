@@ -42,18 +42,9 @@ fi
 echo "$ctest_summary"
 
 echo "== Python tests (CPU and CUDA)"
-# Parallel processes share the GPU: xdist's workers where it is installed,
-# else scripts/pytest_shards.py: FLN_TEST_SHARDS processes (default 4), then
-# the tests marked slow in one more (one process took 300 s of bd89886's
-# 573 s check on H200, near the device tool's 600 s a call).
-rm -f /tmp/fln_junit* /tmp/fln_pytest.log*
-if $PY -c "import xdist" 2>/dev/null; then
-  $PY -m pytest tests/python -n 8 -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit.0.xml $* 2>&1 | tee "$LOG/pytest.log" | tail -40
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
-else
-  $PY scripts/pytest_shards.py "${FLN_TEST_SHARDS:-4}" /tmp/fln_junit /tmp/fln_pytest.log $* || status=1
-  cat /tmp/fln_pytest.log.* >"$LOG/pytest.log"
-fi
+XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 8"   # parallel workers share the GPU
+$PY -m pytest tests/python $XDIST -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit.xml $* 2>&1 | tee "$LOG/pytest.log" | tail -40
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 echo "== compute-sanitizer memcheck (tests marked sanitize)"
 if command -v compute-sanitizer >/dev/null; then
@@ -64,8 +55,7 @@ else
   echo "compute-sanitizer not found"; rc=-1; status=1
 fi
 
-EXPECTED=""; [ -f /tmp/fln_junit.expected ] && EXPECTED=/tmp/fln_junit.expected
-$PY scripts/test_summary.py "/tmp/fln_junit.*.xml" "$ctest_summary" $rc $EXPECTED >"$LOG/test_summary.json"
+$PY scripts/test_summary.py /tmp/fln_junit.xml "$ctest_summary" $rc >"$LOG/test_summary.json"
 cat "$LOG/test_summary.json"
 
 echo "== benchmark"
