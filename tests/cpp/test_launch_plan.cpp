@@ -97,10 +97,12 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     EXPECT_EQ(p.csize, 1);
     EXPECT_LE(p.tpr, 32);
     EXPECT_EQ(p.tpr & (p.tpr - 1), 0);  // lanes of a warp: a power of two
-    EXPECT_EQ(p.nv & (p.nv - 1), 0);
+    EXPECT_LE(p.nv, kShortRowAccesses);
     if (p.nv > 1) EXPECT_EQ(p.tpr, 32);  // the kernels instantiated (fwd_rows_kernel_for)
-    EXPECT_EQ(p.nv * p.rows_per_thread, kShortRowAccesses);
-    EXPECT_LT(int64_t(p.tpr) * p.nv * p.vec, 2 * cols);  // no lane or access left idle by a power of two too many
+    EXPECT_EQ(p.rows_per_thread, kShortRowAccesses / p.nv);
+    EXPECT_GE(int64_t(p.tpr) * p.nv * p.vec, cols);  // the row covered
+    if (p.nv > 1) EXPECT_LT(int64_t(p.tpr) * (p.nv - 1) * p.vec, cols);  // no access a lane idle
+    else EXPECT_LT(int64_t(p.tpr) * p.vec, 2 * cols);  // no lane idle by a power of two too many
     EXPECT_EQ(p.cta_threads, kShortRowCta);
     EXPECT_EQ(p.rows_per_cta, kShortRowCta / p.tpr * p.rows_per_thread);
     EXPECT_EQ(p.groups, (1000 + p.rows_per_cta - 1) / p.rows_per_cta);

@@ -58,12 +58,13 @@ def test_sanitize_small_sizes(kind, dtype, hidden, seed):
 @pytest.mark.sanitize
 @kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [8, 200, 512, 1000])
+@pytest.mark.parametrize("hidden", [8, 200, 360, 512, 720, 1000])
 def test_sanitize_short_rows(kind, dtype, hidden, seed):
     """The forward's short-row kernel (rows of at most 32 lanes, several rows
     a thread): 37 rows leave the last warp with rows past the tensor, in
     every slot layout from 1 lane a row (bf16 8) to 32 lanes of 4 accesses,
-    the last partly idle (bf16 1000)."""
+    the last partly idle (bf16 1000), and of 3 accesses, one row a thread
+    (fp32 360, bf16 720)."""
     check(make_inputs(kind, (37, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
@@ -171,7 +172,7 @@ def test_misaligned_pointers(kind, dtype, hidden, layout, seed):
 # (RMSNorm's 16-bit 16384) and register clusters that stage the next row
 # (bf16 49152 and 65536, fp32 from 24576, LayerNorm's fp32 14336 and 16384
 # and 16-bit 32768).
-SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 1000, 1023, 1024, 1025, 4096, 5120, 6144, 7168, 8191, 12288,
+SWEEP_HIDDEN = [1, 2, 3, 31, 32, 33, 127, 256, 384, 768, 1000, 1023, 1024, 1025, 4096, 5120, 6144, 7168, 8191, 12288,
                 14336, 16384, 24576, 32768, 49152, 65536, 65537, 131072, 262144]
 
 

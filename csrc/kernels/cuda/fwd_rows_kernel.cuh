@@ -29,9 +29,9 @@ constexpr int kRowsCtaThreads = 128;
 template <typename T, typename W, int VEC, int NV, int LANES>
 __global__ void __launch_bounds__(kRowsCtaThreads, sizeof(W) > sizeof(T) ? 6 : 8)
 norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
-  static_assert(VEC * sizeof(T) == 16 && kRowsAccesses % NV == 0 && LANES <= 32 && (LANES & (LANES - 1)) == 0,
+  static_assert(VEC * sizeof(T) == 16 && NV <= kRowsAccesses && LANES <= 32 && (LANES & (LANES - 1)) == 0,
                 "16-byte accesses, whole rows a thread");
-  constexpr int R = kRowsAccesses / NV;  // rows a thread
+  constexpr int R = kRowsAccesses / NV;  // rows a thread (1 at NV = 3)
   constexpr int SLOTS = 32 / LANES;      // rows side by side in a warp
   using A = dacc_t<T>;
   const int lane = int(threadIdx.x) % 32, l = lane % LANES;
@@ -130,9 +130,12 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         if (!valid(i)) continue;
+        // Plain loads: as load_l1's (volatile asm) they spilled 12-28 bytes
+        // in the fp16 rows of one access a lane (LN fp16 256 95 -> 90% of
+        // copy bandwidth; docs/performance.md v26d).
         Frag<W, VEC> w, b;
-        if constexpr (has_w()) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(w, wg + c0 + i * kStep);
-        if constexpr (has_b()) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(b, bg + c0 + i * kStep);
+        if constexpr (has_w()) w.load(wg + c0 + i * kStep);
+        if constexpr (has_b()) b.load(bg + c0 + i * kStep);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           if (!live(r)) continue;

@@ -226,6 +226,7 @@ auto fwd_rows_kernel_for(const Plan& pl) -> void (*)(FwdParams, dacc_t<DT>) {
     }
   if (pl.nv == 1) return &norm_fwd_rows_kernel<DT, DW, V, 1, 32>;
   if (pl.nv == 2) return &norm_fwd_rows_kernel<DT, DW, V, 2, 32>;
+  if (pl.nv == 3) return &norm_fwd_rows_kernel<DT, DW, V, 3, 32>;
   return &norm_fwd_rows_kernel<DT, DW, V, kRowsAccesses, 32>;
 }
 

@@ -31,8 +31,10 @@ struct Plan {
 
 // Forward rows of at most 32 lanes of kShortRowAccesses 16-byte accesses
 // (2 KB: bf16 1024, fp32 512) take the short-row kernel (fwd_rows_kernel.cuh):
-// tpr lanes a row, a power of two up to 32, nv accesses a lane (a power of
-// two), and kShortRowAccesses / nv rows a thread, in CTAs of kShortRowCta.
+// tpr lanes a row, a power of two up to 32, nv accesses a lane (as many as
+// the row needs: 3 at bf16 768, whose fourth access idled when nv was a power
+// of two), and kShortRowAccesses / nv rows a thread (rounded down), in CTAs
+// of kShortRowCta.
 constexpr int kShortRowAccesses = 4;
 constexpr int kShortRowCta = 128;
 
@@ -210,7 +212,7 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
   p.short_rows = true;
   p.vec = vec;
   p.tpr = next_pow2(nvec < 32 ? nvec : 32);
-  p.nv = next_pow2((nvec + p.tpr - 1) / p.tpr);
+  p.nv = int((nvec + p.tpr - 1) / p.tpr);
   p.rows_per_thread = kShortRowAccesses / p.nv;
   p.cta_threads = kShortRowCta;
   p.rows_per_cta = kShortRowCta / p.tpr * p.rows_per_thread;
