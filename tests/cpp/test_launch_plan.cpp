@@ -9,16 +9,17 @@ using namespace fln::cuda;
 namespace {
 
 // w_arrays: how many of weight and bias the forward reads; fp32_params: they
-// are float32 (16-bit x), else of the input's element size.
+// are float32 (16-bit x), else of the input's element size; two_sums:
+// LayerNorm's forward (mean, then variance), else RMSNorm's.
 void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc, int w_arrays = 2,
-                 bool fp32_params = false) {
+                 bool fp32_params = false, bool two_sums = false) {
   DeviceInfo dev;
   dev.sm_count = 132;
   dev.cc_major = cc;
   const int w_bytes = w_arrays > 0 ? (fp32_params ? 4 : elem) : 0;
-  const Plan p = make_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays);
+  const Plan p = make_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays, two_sums);
   SCOPED_TRACE(testing::Message() << "cols=" << cols << " elem=" << elem << " bwd=" << bwd << " cc=" << cc
-                                  << " w_arrays=" << w_arrays << " w_bytes=" << w_bytes);
+                                  << " w_arrays=" << w_arrays << " w_bytes=" << w_bytes << " two_sums=" << two_sums);
   if (!p.registers) {
     // Falls back only when one CTA cannot hold the row and clusters can't help.
     const int vec = vec_ok ? 16 / elem : 1;
@@ -56,10 +57,10 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
   // flight, or a staged cluster takes the row (past 48 KB where the weight
   // and bias outweigh it, past 64 KB otherwise).
   const XSmemTuning xs;
-  const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays);
+  const Plan r = register_plan(1000, cols, elem, acc, vec_ok, bwd, dev, w_bytes, w_arrays, two_sums);
   const bool params_outweigh = cols * w_bytes * w_arrays > cols * elem;
   const bool full_cta = r.csize == 1 && register_inflight(r, cols, elem) >= xs.max_inflight &&
-                        !reread_despite_inflight(r, elem, params_outweigh);
+                        !reread_despite_inflight(r, elem);
   const int64_t max_row = !r.stage_x || w_bytes > elem ? 80 * 1024 : params_outweigh ? 48 * 1024 : 64 * 1024;
   const int64_t min_row = elem == 2 && w_bytes == elem && params_outweigh ? 14 * 1024 : xs.min_row_bytes;
   const bool reread_row = !bwd && vec_ok && cc == 9 && elem <= 4 && cols * elem >= min_row &&
@@ -85,9 +86,16 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
       EXPECT_EQ(int64_t(p.cta_threads) * 2 * p.vec, cols);
       return;
     }
-    if (p.cta_threads < kRereadCta) {  // kRereadAccesses a thread, no idle warp
+    if (p.cta_threads < kRereadCta) {  // at most kRereadAccesses a thread, no idle warp
       EXPECT_LE(p.nv, kRereadAccesses);
-      EXPECT_LT(int64_t(p.cta_threads - 32) * kRereadAccesses * p.vec, cols);
+      EXPECT_LT(int64_t(p.cta_threads - 32) * p.nv * p.vec, cols);
+      // Fewer than kRereadAccesses only in CTAs of at most kRereadFillMaxCta
+      // threads that fill more of an SM than those of kRereadAccesses would.
+      if (p.nv < kRereadAccesses) {
+        EXPECT_LE(p.cta_threads, kRereadFillMaxCta);
+        const int64_t t4 = (cols / p.vec + 32 * kRereadAccesses - 1) / (32 * kRereadAccesses) * 32;
+        EXPECT_GT(kRereadSmThreads / p.cta_threads * p.cta_threads, kRereadSmThreads / t4 * t4);
+      }
     }
     return;
   }
@@ -97,12 +105,17 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     EXPECT_EQ(p.csize, 1);
     EXPECT_LE(p.tpr, 32);
     EXPECT_EQ(p.tpr & (p.tpr - 1), 0);  // lanes of a warp: a power of two
+    EXPECT_GE(p.nv, 1);
     EXPECT_LE(p.nv, kShortRowAccesses);
-    if (p.nv > 1) EXPECT_EQ(p.tpr, 32);  // the kernels instantiated (fwd_rows_kernel_for)
     EXPECT_EQ(p.rows_per_thread, kShortRowAccesses / p.nv);
     EXPECT_GE(int64_t(p.tpr) * p.nv * p.vec, cols);  // the row covered
     if (p.nv > 1) EXPECT_LT(int64_t(p.tpr) * (p.nv - 1) * p.vec, cols);  // no access a lane idle
     else EXPECT_LT(int64_t(p.tpr) * p.vec, 2 * cols);  // no lane idle by a power of two too many
+    if (two_sums) {  // LayerNorm: as few lanes as hold the row in kShortRowAccesses accesses
+      if (p.tpr > 1) EXPECT_LT(int64_t(p.tpr / 2) * kShortRowAccesses * p.vec, cols);
+    } else if (p.nv > 1) {  // RMSNorm: a lane an access, up to 32
+      EXPECT_EQ(p.tpr, 32);
+    }
     EXPECT_EQ(p.cta_threads, kShortRowCta);
     EXPECT_EQ(p.rows_per_cta, kShortRowCta / p.tpr * p.rows_per_thread);
     EXPECT_EQ(p.groups, (1000 + p.rows_per_cta - 1) / p.rows_per_cta);
@@ -185,10 +198,12 @@ TEST(LaunchPlan, EveryHiddenSizeIsCovered) {
           const int acc = elem == 8 ? 8 : 4;
           check_cover(cols, elem, acc, false, bwd, cc);
           if (cols % (16 / elem) == 0)
-            for (int w_arrays : {0, 1, 2}) {
-              check_cover(cols, elem, acc, true, bwd, cc, w_arrays);
-              if (elem == 2 && w_arrays > 0) check_cover(cols, elem, acc, true, bwd, cc, w_arrays, true);
-            }
+            for (int w_arrays : {0, 1, 2})
+              for (bool two_sums : {false, true}) {
+                if (bwd && two_sums) continue;  // a forward choice
+                check_cover(cols, elem, acc, true, bwd, cc, w_arrays, false, two_sums);
+                if (elem == 2 && w_arrays > 0) check_cover(cols, elem, acc, true, bwd, cc, w_arrays, true, two_sums);
+              }
         }
 }
 
@@ -270,14 +285,40 @@ TEST(LaunchPlan, BenchmarkSizesUseRegistersOnHopper) {
   EXPECT_FALSE(make_plan(512, 262144, 2, 4, true, true, dev).registers);
 }
 
+TEST(LaunchPlan, ShortRowLanes) {
+  DeviceInfo dev;
+  dev.cc_major = 9;
+  // RMSNorm: a lane an access up to 32 (bf16 256: 32 lanes of one access,
+  // four rows a thread; 768: 32 lanes of three, one row); LayerNorm: as few
+  // lanes as hold the row in four accesses (bf16 256: 8 lanes of four; 768:
+  // 32 of three; 24: 1 lane of three).
+  struct Case { int64_t cols; bool two_sums; int tpr, nv, rows; };
+  for (const Case& c : {Case{256, false, 32, 1, 4}, Case{768, false, 32, 3, 1}, Case{64, false, 8, 1, 4},
+                        Case{256, true, 8, 4, 1}, Case{768, true, 32, 3, 1}, Case{24, true, 1, 3, 1},
+                        Case{512, true, 16, 4, 1}}) {
+    const Plan p = make_plan(1000, c.cols, 2, 4, true, false, dev, 2, 2, c.two_sums);
+    SCOPED_TRACE(testing::Message() << "cols=" << c.cols << " two_sums=" << c.two_sums);
+    EXPECT_TRUE(p.short_rows);
+    EXPECT_EQ(p.tpr, c.tpr);
+    EXPECT_EQ(p.nv, c.nv);
+    EXPECT_EQ(p.rows_per_thread, c.rows);
+  }
+}
+
 TEST(LaunchPlan, RowsOf16To80KbAreRereadUnlessStaged) {
   DeviceInfo dev;
   dev.cc_major = 9;
-  // bf16 12288 (24 KB): one CTA of 384 threads, 4 accesses each.
+  // bf16 12288 (24 KB): one CTA of 512 threads, 3 accesses each (four an
+  // SM fill its 2048 thread slots, five of 384 threads fill 1920); 14336:
+  // 448 threads of 4 (608 of 3 would pass kRereadFillMaxCta).
   const Plan a = make_plan(1 << 14, 12288, 2, 4, true, false, dev, 2);
   EXPECT_TRUE(a.reread);
-  EXPECT_EQ(a.cta_threads, 384);
-  EXPECT_EQ(a.nv, 4);
+  EXPECT_EQ(a.cta_threads, 512);
+  EXPECT_EQ(a.nv, 3);
+  const Plan a2 = make_plan(1 << 14, 14336, 2, 4, true, false, dev, 2);
+  EXPECT_TRUE(a2.reread);
+  EXPECT_EQ(a2.cta_threads, 448);
+  EXPECT_EQ(a2.nv, 4);
   // bf16 24576 (48 KB): 768 threads, with weight and bias too; 32768 (64
   // KB, RMSNorm's or without any parameter): 1024.
   EXPECT_EQ(make_plan(1 << 12, 24576, 2, 4, true, false, dev, 2).cta_threads, 768);
@@ -316,13 +357,14 @@ TEST(LaunchPlan, RowsOf16To80KbAreRereadUnlessStaged) {
   // Kept in one CTA of registers, 64 KB in flight an SM, where the
   // straight-line pair plan does not take the row (it takes bf16 8192 and
   // fp32 4096 with weights of x's dtype or none; bf16 16384 and fp32 8192
-  // would be 1024-thread CTAs, two an SM): RMSNorm's bf16 16384 and
-  // LayerNorm's without bias, fp32 8192 with weight and bias or a weight,
-  // and RMSNorm's bf16 8192 with an fp32 weight.
+  // would be 1024-thread CTAs, two an SM): fp32 8192 with weight and bias
+  // or a weight, and RMSNorm's bf16 8192 with an fp32 weight; but not
+  // 16-bit rows of 512 threads (reread_despite_inflight): bf16 16384,
+  // RMSNorm's and without any parameter too.
   for (int w_arrays : {0, 1}) {
     const Plan r = make_plan(1 << 13, 16384, 2, 4, true, false, dev, w_arrays ? 2 : 0, w_arrays);
-    EXPECT_FALSE(r.reread || r.x_smem);
-    EXPECT_EQ(r.csize, 1);
+    EXPECT_TRUE(r.reread);
+    EXPECT_EQ(r.cta_threads, 512);
   }
   for (int w_arrays : {1, 2}) {
     const Plan r = make_plan(1 << 13, 8192, 4, 4, true, false, dev, 4, w_arrays);
@@ -332,7 +374,7 @@ TEST(LaunchPlan, RowsOf16To80KbAreRereadUnlessStaged) {
   const Plan rk = make_plan(1 << 13, 8192, 2, 4, true, false, dev, 4, 1);
   EXPECT_FALSE(rk.reread || rk.x_smem);
   EXPECT_EQ(rk.csize, 1);
-  // ... but LayerNorm's 16-bit 16384 with weight and bias, of x's dtype or
+  // LayerNorm's 16-bit 16384 with weight and bias, of x's dtype or
   // fp32 (two 512-thread CTAs an SM, 64-128 KB of parameters against 32 KB
   // of row), is re-read by the looped kernel (reread_despite_inflight); its
   // 8192 with fp32 ones (256-thread CTAs) is not.

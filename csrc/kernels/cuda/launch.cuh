@@ -213,21 +213,28 @@ auto fwd_kernel_of(const Plan& pl) {
 }
 
 // The short-row kernel of a plan (Plan::short_rows): lanes a row a power of
-// two up to 32, and more than one access a lane only with all 32.
+// two up to 32, 1-4 accesses a lane.
+template <typename DT, typename DW, int NV>
+auto fwd_rows_kernel_lanes(int tpr) -> void (*)(FwdParams, dacc_t<DT>) {
+  constexpr int V = 16 / sizeof(DT);
+  switch (tpr) {
+    case 1: return &norm_fwd_rows_kernel<DT, DW, V, NV, 1>;
+    case 2: return &norm_fwd_rows_kernel<DT, DW, V, NV, 2>;
+    case 4: return &norm_fwd_rows_kernel<DT, DW, V, NV, 4>;
+    case 8: return &norm_fwd_rows_kernel<DT, DW, V, NV, 8>;
+    case 16: return &norm_fwd_rows_kernel<DT, DW, V, NV, 16>;
+    default: return &norm_fwd_rows_kernel<DT, DW, V, NV, 32>;
+  }
+}
 template <typename DT, typename DW>
 auto fwd_rows_kernel_for(const Plan& pl) -> void (*)(FwdParams, dacc_t<DT>) {
-  constexpr int V = 16 / sizeof(DT);
-  if (pl.tpr < 32) switch (pl.tpr) {
-      case 1: return &norm_fwd_rows_kernel<DT, DW, V, 1, 1>;
-      case 2: return &norm_fwd_rows_kernel<DT, DW, V, 1, 2>;
-      case 4: return &norm_fwd_rows_kernel<DT, DW, V, 1, 4>;
-      case 8: return &norm_fwd_rows_kernel<DT, DW, V, 1, 8>;
-      default: return &norm_fwd_rows_kernel<DT, DW, V, 1, 16>;
-    }
-  if (pl.nv == 1) return &norm_fwd_rows_kernel<DT, DW, V, 1, 32>;
-  if (pl.nv == 2) return &norm_fwd_rows_kernel<DT, DW, V, 2, 32>;
-  if (pl.nv == 3) return &norm_fwd_rows_kernel<DT, DW, V, 3, 32>;
-  return &norm_fwd_rows_kernel<DT, DW, V, kRowsAccesses, 32>;
+  static_assert(kRowsAccesses == 4, "one case an access count");
+  switch (pl.nv) {
+    case 1: return fwd_rows_kernel_lanes<DT, DW, 1>(pl.tpr);
+    case 2: return fwd_rows_kernel_lanes<DT, DW, 2>(pl.tpr);
+    case 3: return fwd_rows_kernel_lanes<DT, DW, 3>(pl.tpr);
+    default: return fwd_rows_kernel_lanes<DT, DW, 4>(pl.tpr);
+  }
 }
 
 // The re-read kernel of a plan (Plan::reread): the straight-line variant
@@ -320,7 +327,7 @@ Plan fwd_plan(const FwdParams& p, const DeviceInfo& dev) {
   using DW = device_t<W>;
   const int w_bytes = (p.w || p.b) ? int(sizeof(DW)) : 0;
   return make_plan(p.rows, p.cols, sizeof(DT), sizeof(dacc_t<DT>), fwd_vec_ok<DT, DW>(p), false, dev, w_bytes,
-                   fwd_w_arrays(p));
+                   fwd_w_arrays(p), !p.rms);
 }
 
 // Split path shape: chunks of kSplitThreads accesses; rows of the grid.

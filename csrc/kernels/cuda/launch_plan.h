@@ -34,7 +34,15 @@ struct Plan {
 // tpr lanes a row, a power of two up to 32, nv accesses a lane (as many as
 // the row needs: 3 at bf16 768, whose fourth access idled when nv was a power
 // of two), and kShortRowAccesses / nv rows a thread (rounded down), in CTAs
-// of kShortRowCta.
+// of kShortRowCta.  RMSNorm spreads a row over as many lanes as it has
+// accesses (up to 32), so that a thread's loads of weight serve up to four
+// rows.  LayerNorm sums each row twice (mean, then variance), a shuffle a
+// butterfly level each: it takes as few lanes as hold the row in
+// kShortRowAccesses accesses, two levels fewer a sum at bf16 256 (8 lanes of
+// 4 accesses, against 32 lanes of one), at the price of its weight and bias
+// loaded for every row.  H200, % of copy bandwidth (docs/performance.md
+// v26e): LN bf16 256 96.45 -> 97.7, 128 +0.1, fp16 256 98.2 -> 97.6, fp32
+// 256 -0.1; RMSNorm the same way lost 0.4-0.5 (bf16 and fp16 256).
 constexpr int kShortRowAccesses = 4;
 constexpr int kShortRowCta = 128;
 
@@ -207,11 +215,12 @@ inline Plan group_layout(int64_t rows, int64_t nvec, int vec) {
   return p;
 }
 
-inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
+inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec, bool two_sums) {
   Plan p;
   p.short_rows = true;
   p.vec = vec;
-  p.tpr = next_pow2(nvec < 32 ? nvec : 32);
+  const int64_t lanes = two_sums ? (nvec + kShortRowAccesses - 1) / kShortRowAccesses : nvec;
+  p.tpr = next_pow2(lanes < 32 ? lanes : 32);
   p.nv = int((nvec + p.tpr - 1) / p.tpr);
   p.rows_per_thread = kShortRowAccesses / p.nv;
   p.cta_threads = kShortRowCta;
@@ -246,19 +255,30 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec) {
 constexpr int kRereadCta = 1024;
 constexpr int kRereadAccesses = 4;
 constexpr int64_t kRereadMaxRow = 80 * 1024;
+// The looped walk's CTA (reread_layout) takes kRereadAccesses a thread,
+// or fewer where CTAs of at most kRereadFillMaxCta threads then fill more
+// of an SM's kRereadSmThreads thread slots: bf16 12288 and fp32 6144 run
+// 512 threads of 3 accesses (four CTAs, 2048 threads), not 384 of 4 (five,
+// 1920), as torch.compile's Triton kernel does at RMS bf16 12288.  H200, %
+// of copy bandwidth (docs/performance.md v26e): RMS bf16 12288 96.75 ->
+// 97.75, LN 95.95 -> 97.35, RMS fp16 12288 +1.0, fp32 6144 LN 97.55 ->
+// 99.55, RMS 98.05 -> 99.85.  CTAs past 512 threads lost: 1024 threads of
+// 3 against 768 of 4 (two CTAs either way) LN bf16 24576 94.25 -> 92.75,
+// RMS fp32 12288 94.85 -> 90.15; 608 of 3 against 448 of 4 LN bf16 14336
+// 96.45 -> 94.65 (RMS +0.9).
+constexpr int kRereadFillMaxCta = 512;
 
 // One-CTA register rows that keep max_inflight bytes in flight an SM stay in
-// registers, except 16-bit rows of kMaxCta threads (two CTAs an SM) whose
-// weight and bias come to more bytes than the row: LayerNorm's 16-bit
-// 16384 with both, where the register row also converts and reads two
-// parameter arrays an element.  H200, % of copy bandwidth, register ->
-// re-read (docs/performance.md v20b): LN fp16 16384 90.2 -> 91.7, bf16
-// 90.8 -> 91.6, bf16 x with fp32 weight and bias 75.8 -> 80.9; the rows it
-// leaves alone measured behind or level: RMS fp16 16384 95.0 -> 92.3, LN
-// without bias bf16 16384 91.9 -> 91.9, LN bf16 8192 (256 threads, four CTAs an SM)
-// 92.7 -> 89.1, LN fp32 8192 96.6 -> 93.7.
-inline bool reread_despite_inflight(const Plan& r, int elem_bytes, bool params_outweigh_row) {
-  return elem_bytes == 2 && r.cta_threads == kMaxCta && params_outweigh_row;
+// registers, except 16-bit rows of kMaxCta threads (two CTAs an SM: bf16
+// 16384).  H200, % of copy bandwidth, register -> re-read: at first for
+// LayerNorm's with weight and bias, which outweigh the row (docs/performance.md
+// v20b): LN fp16 16384 90.2 -> 91.7, bf16 90.8 -> 91.6, bf16 x with fp32
+// weight and bias 75.8 -> 80.9, while RMS fp16 16384 lost (95.0 -> 92.3);
+// since the L2 hints of v26 every one of them (v26e): RMS bf16 16384 95.3 ->
+// 96.6, fp16 95.4 -> 96.5, LN bf16 16384 level.  LN bf16 8192 (256 threads,
+// four CTAs an SM) 92.7 -> 89.1 and LN fp32 8192 96.6 -> 93.7 lost (v20b).
+inline bool reread_despite_inflight(const Plan& r, int elem_bytes) {
+  return elem_bytes == 2 && r.cta_threads == kMaxCta;
 }
 
 // The longest row re-read where the register plan is a staged cluster
@@ -349,6 +369,14 @@ inline Plan reread_layout(int64_t rows, int64_t nvec, int vec) {
   p.vec = vec;
   int64_t warps = (nvec + int64_t(kRereadAccesses) * 32 - 1) / (int64_t(kRereadAccesses) * 32);
   if (warps > kRereadCta / 32) warps = kRereadCta / 32;
+  // Fewer accesses a thread where CTAs of at most kRereadFillMaxCta threads
+  // then fill more of an SM's thread slots.
+  auto filled = [](int64_t w) { return kRereadSmThreads / (w * 32) * (w * 32); };
+  for (int nv = kRereadAccesses - 1; nv >= 1; --nv) {
+    const int64_t w = (nvec + int64_t(nv) * 32 - 1) / (int64_t(nv) * 32);
+    if (w * 32 > kRereadFillMaxCta) break;
+    if (filled(w) > filled(warps)) warps = w;
+  }
   p.tpr = p.cta_threads = int(warps * 32);
   p.nv = int((nvec + p.tpr - 1) / p.tpr);
   p.groups = rows;
@@ -359,8 +387,8 @@ inline Plan reread_layout(int64_t rows, int64_t nvec, int vec) {
 // at most nv_max a thread; registers == false where no CTA or cluster can
 // hold it (the split path).
 inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, bool bwd, const DeviceInfo& dev,
-                            int w_bytes, int w_arrays) {
-  if (!bwd && vec > 1 && nvec <= 32 * kShortRowAccesses) return short_row_layout(rows, nvec, vec);
+                            int w_bytes, int w_arrays, bool two_sums = false) {
+  if (!bwd && vec > 1 && nvec <= 32 * kShortRowAccesses) return short_row_layout(rows, nvec, vec, two_sums);
   Plan p;
   p.vec = vec;
   // Give each thread nv_max accesses (several 16-byte loads in flight) and
@@ -452,13 +480,13 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
 //   the clusters that hold a row (fp32 32768-131072 by 1-7 points but LN
 //   131072 +1, 16-bit 65536-262144 by 17-22).
 inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
-                          const DeviceInfo& dev, int w_bytes, int w_arrays = 2) {
+                          const DeviceInfo& dev, int w_bytes, int w_arrays = 2, bool two_sums = false) {
   const int vec = vec_ok ? 16 / elem_bytes : 1;
   const int64_t nvec = (cols + vec - 1) / vec;
   const int narrow = max_accesses(bwd, vec, elem_bytes), wide = max_accesses(bwd, vec, elem_bytes, true);
-  const Plan n = register_layout(rows, nvec, vec, narrow, bwd, dev, w_bytes, w_arrays);
+  const Plan n = register_layout(rows, nvec, vec, narrow, bwd, dev, w_bytes, w_arrays, two_sums);
   if ((n.group && !bwd) || wide == narrow || (nvec + narrow - 1) / narrow <= kMaxCta) return n;
-  Plan w = register_layout(rows, nvec, vec, wide, bwd, dev, w_bytes, w_arrays);
+  Plan w = register_layout(rows, nvec, vec, wide, bwd, dev, w_bytes, w_arrays, two_sums);
   w.stage_x = false;  // staged rows have the narrow threads' kernels only (pick_fwd)
   if (bwd) return w;
   return n.stage_x || (w.csize > 1 && !w.cache_wb && n.cache_wb) ? n : w;
@@ -469,9 +497,9 @@ inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_by
 // w_bytes: the element size of the weight and bias, 0 without either;
 // w_arrays: how many of the two the forward reads.
 inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
-                      const DeviceInfo& dev, int w_bytes = 0, int w_arrays = 2,
+                      const DeviceInfo& dev, int w_bytes = 0, int w_arrays = 2, bool two_sums = false,
                       const XSmemTuning& xs = XSmemTuning{}) {
-  const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes, w_arrays);
+  const Plan r = register_plan(rows, cols, elem_bytes, acc_bytes, vec_ok, bwd, dev, w_bytes, w_arrays, two_sums);
   const int64_t row_bytes = cols * elem_bytes;
   const bool params_outweigh_row = cols * w_bytes * w_arrays > row_bytes;
   if (bwd || !vec_ok || !r.registers || r.group) return r;
@@ -479,7 +507,7 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
     return reread_pair_layout(rows, cols / r.vec, r.vec);
   const bool inflight_ok = register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
   const bool keep_registers =
-      r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes, params_outweigh_row);
+      r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes);
   const bool reread_row = row_bytes >= reread_min_row(elem_bytes, w_bytes, params_outweigh_row, xs) &&
                           row_bytes <= reread_max_row(r, elem_bytes, w_bytes, params_outweigh_row);
   if (dev.cc_major == 9 && elem_bytes <= 4 && reread_row && !keep_registers)
