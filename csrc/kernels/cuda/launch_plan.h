@@ -41,8 +41,8 @@ struct Plan {
 // kShortRowAccesses accesses, two levels fewer a sum at bf16 256 (8 lanes of
 // 4 accesses, against 32 lanes of one), at the price of its weight and bias
 // loaded for every row.  H200, % of copy bandwidth (docs/performance.md
-// v26e): LN bf16 256 96.45 -> 97.7, 128 +0.1, fp16 256 98.2 -> 97.6, fp32
-// 256 -0.1; RMSNorm the same way lost 0.4-0.5 (bf16 and fp16 256).
+// v26e): LN bf16 256 96.2 -> 97.5, 128 +0.3, fp32 256 +0.2, but fp16 256
+// 98.2 -> 97.4; RMSNorm the same way lost 0.4-0.5 (bf16 and fp16 256).
 constexpr int kShortRowAccesses = 4;
 constexpr int kShortRowCta = 128;
 
