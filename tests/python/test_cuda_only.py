@@ -269,7 +269,8 @@ def test_pair_reread_rows(kind, dtype, hidden, offset, affine, seed):
     re-read kernel's straight-line variant (launch_plan.h, reread_exact):
     CTAs from 320 threads (bf16 5120, fp32 2560) to 672 (bf16 10752), 1027
     rows (one CTA a row), with and without weight and bias; rows of mean 8
-    take LayerNorm's third walk.  fwd + bwd."""
+    take LayerNorm's third walk; RMSNorm runs its own build (16-bit write
+    walks two accesses at once).  fwd + bwd."""
     check(make_inputs(kind, (1027, hidden), (hidden,), dtype, "cuda", generator(seed), scale=1.0, offset=offset,
                       weight=affine, bias=affine))
 

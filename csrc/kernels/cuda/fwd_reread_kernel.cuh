@@ -61,9 +61,15 @@ __device__ __forceinline__ void cta_sum(A (&v)[K], A (&sm)[2][32][2], int& parit
 // accesses of the row (cols == NV * VEC * blockDim.x: launch_plan.h's
 // reread_exact), so its walks have no loop and no test an access, and each
 // CTA runs one row.  NV == 0: any row, a grid-stride loop over the rows.
-template <typename T, typename W, int VEC, int NV>
+// RMS_ONLY (NV > 0): a build for RMSNorm alone, whose 16-bit write walk
+// takes both accesses at once; LayerNorm's straight-line rows keep the
+// build for either op (p.rms at run time), where they ran 0.3-0.8 points
+// ahead of a LayerNorm-only build (H200, % of copy bandwidth, LN bf16
+// 8192 96.6 -> 96.0, fp16 8192 96.6 -> 95.8; docs/performance.md v27a).
+template <typename T, typename W, int VEC, int NV, bool RMS_ONLY = false>
 __global__ void __launch_bounds__(kRereadMaxThreads, kRereadMinCtas)
 norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
+  static_assert(NV > 0 || !RMS_ONLY, "the looped walk serves both ops");
   static_assert(VEC * sizeof(T) == 16, "16-byte accesses");
   using A = dacc_t<T>;
   __shared__ A sm[2][32][2];
@@ -112,7 +118,7 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
       }
     };
     A mean = 0, var = 0;
-    if (p.rms) {
+    if (RMS_ONLY || p.rms) {
       A q = 0;
       walk([&](const Frag<T, VEC>& x) {
         A a = 0;
@@ -179,13 +185,20 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
         store_vec(yrow + at(c), y);
       };
       if constexpr (NV > 0) {
-        // One access at a time: two at a time spilled 8 bytes with weight
-        // and bias, and with the weight alone ran level or behind (H200, %
-        // of copy bandwidth, two -> one, with L2 hints: RMS bf16 8192 98.1
-        // -> 98.1, fp32 4096 97.6 -> 100.3, fp32 5120 96.9 -> 100.5;
-        // docs/performance.md v26a).
+        // One access at a time, except RMSNorm's 16-bit rows: two at a time
+        // spilled 8 bytes with weight and bias, and ran behind in fp32
+        // (H200, % of copy bandwidth, two -> one, with L2 hints: fp32 4096
+        // 97.6 -> 100.3, fp32 5120 96.9 -> 100.5; docs/performance.md
+        // v26a); RMSNorm's 16-bit rows gained (one -> two, its own build:
+        // RMS bf16 7168 98.4 -> 99.1, 10240 97.2 -> 98.5, fp16 10240 97.9
+        // -> 98.5; v27a).
+        if constexpr (RMS_ONLY && sizeof(T) == 2 && !has_b()) {  // RMSNorm has no bias
+#pragma unroll
+          for (int j = 0; j < NV; ++j) write(tid + j * nt);
+        } else {
 #pragma unroll 1
-        for (int j = 0; j < NV; ++j) write(tid + j * nt);
+          for (int j = 0; j < NV; ++j) write(tid + j * nt);
+        }
       } else {
         constexpr int U = kRereadWriteLoads<T, W>;
         for (int j = tid; j < nvec; j += U * nt)

@@ -238,11 +238,14 @@ auto fwd_rows_kernel_for(const Plan& pl) -> void (*)(FwdParams, dacc_t<DT>) {
 }
 
 // The re-read kernel of a plan (Plan::reread): the straight-line variant
-// where every thread holds exactly kRereadPairAccesses of the row.
+// where every thread holds exactly kRereadPairAccesses of the row, RMSNorm's
+// own build for RMSNorm.
 template <typename DT, typename DW>
-auto fwd_reread_kernel_for(const Plan& pl, int64_t cols) -> void (*)(FwdParams, dacc_t<DT>) {
+auto fwd_reread_kernel_for(const Plan& pl, const FwdParams& p) -> void (*)(FwdParams, dacc_t<DT>) {
   constexpr int V = 16 / sizeof(DT);
-  if (reread_exact(pl, cols)) return &norm_fwd_reread_kernel<DT, DW, V, kRereadPairAccesses>;
+  constexpr int NV = kRereadPairAccesses;
+  if (reread_exact(pl, p.cols))
+    return p.rms ? &norm_fwd_reread_kernel<DT, DW, V, NV, true> : &norm_fwd_reread_kernel<DT, DW, V, NV>;
   return &norm_fwd_reread_kernel<DT, DW, V, 0>;
 }
 
@@ -367,7 +370,7 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
   // block (several short rows, or one re-read row), at most 2^31 - 1 CTAs
   // (the kernels stride past that).
   if (pl.short_rows || pl.reread) {
-    auto kernel = pl.short_rows ? fwd_rows_kernel_for<DT, DW>(pl) : fwd_reread_kernel_for<DT, DW>(pl, p.cols);
+    auto kernel = pl.short_rows ? fwd_rows_kernel_for<DT, DW>(pl) : fwd_reread_kernel_for<DT, DW>(pl, p);
     const int64_t groups = pl.groups < INT32_MAX ? pl.groups : INT32_MAX;
     return launch(kernel, dim3(unsigned(groups)), dim3(pl.cta_threads), 0, 1, stream, p, A(1.0 / double(p.cols)));
   }
