@@ -190,7 +190,7 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
         // (H200, % of copy bandwidth, two -> one, with L2 hints: fp32 4096
         // 97.6 -> 100.3, fp32 5120 96.9 -> 100.5; docs/performance.md
         // v26a); RMSNorm's 16-bit rows gained (one -> two, its own build:
-        // RMS bf16 7168 98.4 -> 99.1, 10240 97.2 -> 98.5, fp16 10240 97.9
+        // RMS bf16 7168 98.4 -> 99.1, 10240 97.1 -> 98.4, fp16 10240 97.9
         // -> 98.5; v27a).
         if constexpr (RMS_ONLY && sizeof(T) == 2 && !has_b()) {  // RMSNorm has no bias
 #pragma unroll
