@@ -63,7 +63,7 @@ __device__ __forceinline__ void cta_sum(A (&v)[K], A (&sm)[2][32][2], int& parit
 // CTA runs one row.  NV == 0: any row, a grid-stride loop over the rows.
 // RMS_ONLY (NV > 0): a build for RMSNorm alone, whose 16-bit write walk
 // takes both accesses at once; LayerNorm's straight-line rows keep the
-// build for either op (p.rms at run time), where they ran 0.3-0.8 points
+// build for either op (p.rms at run time), where they ran 0.2-0.8 points
 // ahead of a LayerNorm-only build (H200, % of copy bandwidth, LN bf16
 // 8192 96.6 -> 96.0, fp16 8192 96.6 -> 95.8; docs/performance.md v27a).
 template <typename T, typename W, int VEC, int NV, bool RMS_ONLY = false>
