@@ -495,7 +495,9 @@ inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_by
 // vec_ok: every pointer and row stride allows accesses of 16 bytes and cols is
 // a multiple of that width (the caller checks alignment at run time).
 // w_bytes: the element size of the weight and bias, 0 without either;
-// w_arrays: how many of the two the forward reads.
+// w_arrays: how many of the two the forward reads; two_sums: the forward
+// reduces two sums a row (LayerNorm), so its short rows take fewer lanes
+// (short_row_layout).
 inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
                       const DeviceInfo& dev, int w_bytes = 0, int w_arrays = 2, bool two_sums = false,
                       const XSmemTuning& xs = XSmemTuning{}) {
