@@ -7,13 +7,26 @@
 # On a copy of the tree without git history, pass the commit being measured:
 #   FLN_GIT_COMMIT=$(git rev-parse HEAD) FLN_GIT_DIRTY=0 make gpu-check
 # Exits non-zero if anything failed.
+#
+# STAGES picks what runs (default "tests bench").  On a machine that holds
+# a call to ten minutes, run the two halves as separate calls on the same
+# machine: `STAGES=tests make gpu-check`, then `STAGES=bench make gpu-check`.
+# The tests stage leaves its summary in /tmp/fln_test_summary.json for the
+# bench stage, which refuses to write a results file without one for the
+# same commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 LOG=${OUT:-bench/out}
 mkdir -p "$LOG" bench/results
 export PYTHONUNBUFFERED=1
+STAGES=${STAGES:-tests bench}
+SUMMARY=/tmp/fln_test_summary.json
 status=0
+for s in $STAGES; do
+  case $s in tests|bench) ;; *) echo "gpu-check: unknown stage '$s' (tests, bench)" >&2; exit 2;; esac
+done
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 # Results must name the commit they measured.  A copy of the tree without git
 # history (the device tool sends one) cannot, so the sender must pass it.
@@ -26,11 +39,21 @@ if [ -n "${FLN_GIT_COMMIT:-}" ] && ! [[ "$FLN_GIT_COMMIT" =~ ^[0-9a-fA-F]{40}$ ]
   exit 2
 fi
 
+COMMIT=${FLN_GIT_COMMIT:-$(git rev-parse HEAD)}
+if ! has_stage tests; then
+  if [ ! -s "$SUMMARY" ] || [ "$(cat "$SUMMARY.commit" 2>/dev/null)" != "$COMMIT" ]; then
+    echo "gpu-check: no test summary for $COMMIT at $SUMMARY; run the tests stage first on this machine" >&2
+    exit 1
+  fi
+fi
+
 echo "== build"
 MAX_JOBS=${MAX_JOBS:-16} $PY -m pip install --no-build-isolation --no-deps -e . >"$LOG/build.log" 2>&1 \
   || { tail -50 "$LOG/build.log"; exit 1; }
 tail -3 "$LOG/build.log"
 
+if has_stage tests; then
+rm -f "$SUMMARY" "$SUMMARY.commit"
 echo "== C++ tests"
 ctest_summary="not run"
 if cmake -S . -B build-cpp -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-cpp -j 8 >/dev/null; then
@@ -55,13 +78,17 @@ else
   echo "compute-sanitizer not found"; rc=-1; status=1
 fi
 
-$PY scripts/test_summary.py /tmp/fln_junit.xml "$ctest_summary" $rc >"$LOG/test_summary.json"
-cat "$LOG/test_summary.json"
+$PY scripts/test_summary.py /tmp/fln_junit.xml "$ctest_summary" $rc >"$SUMMARY"
+echo "$COMMIT" >"$SUMMARY.commit"
+cp "$SUMMARY" "$LOG/test_summary.json"
+cat "$SUMMARY"
+fi
 
+has_stage bench || { echo "gpu-check status: $status (tests only)"; exit $status; }
 echo "== benchmark"
 GPU=$($PY -c "import torch,re;print(re.sub('[^a-z0-9]+','-',torch.cuda.get_device_name().lower()).strip('-'))")
 RESULTS=bench/results/$(date +%F)-$GPU.json
-$PY -m fused_layernorm.bench --results "$RESULTS" --test-summary "$LOG/test_summary.json" --out /tmp/fln_bench ${BENCH_ARGS:-} \
+$PY -m fused_layernorm.bench --results "$RESULTS" --test-summary "$SUMMARY" --out /tmp/fln_bench ${BENCH_ARGS:-} \
   2>&1 | tee "$LOG/bench.log" | tail -80
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 cp "$RESULTS" /tmp/fln_bench/results.csv /tmp/fln_bench/pct_copy.png "$LOG/" 2>/dev/null
