@@ -36,6 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--compile-dtypes", type=_csv(str), default=["bf16"],
                    help="dtypes torch.compile is run for (default bf16; 'none' for no compile)")
     p.add_argument("--reps", type=int, help="timed reps per measurement (default 25 GPU, 10 CPU)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="turns of a case's peers, the order reversed each round; the reps split over them")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--log2-numel", type=int, default=cases.LOG2_NUMEL,
                    help="GPU cases hold 2**N elements, rows = 2**N // hidden (default 27)")
@@ -53,6 +55,9 @@ def parse_args(argv=None):
         bad = [v for v in getattr(a, name) or [] if v not in allowed]
         if bad:
             p.error(f"--{name.replace('_', '-')}: unknown {bad}; choose from {', '.join(allowed)}")
+    for name in ("reps", "rounds"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(a, name)}")
     try:
         a.peers = peers_mod.normalize_names(a.peers or peers_mod.ALL_PEERS)
     except ValueError as e:
@@ -101,7 +106,7 @@ def main(argv=None) -> int:
     table = report.Table()
     plan = runner.Plan(device=device, ops=a.ops or cases.OPS, dtypes=dtypes, hidden=hidden,
                        directions=directions, rows_for=rows_for, reps=a.reps or (25 if gpu else 10),
-                       warmup=a.warmup, copy_gbps=copy["gbps"], emit=table)
+                       rounds=a.rounds, warmup=a.warmup, copy_gbps=copy["gbps"], emit=table)
     rows = runner.run_large(plan, peers)
 
     small_rows = []
@@ -128,7 +133,7 @@ def main(argv=None) -> int:
         peers_unavailable=unavailable, peers_skipped=skipped, notes=notes,
         config=dict(quick=a.quick, ops=list(plan.ops), dtypes=list(dtypes), hidden=list(hidden),
                     directions=list(directions), compile_dtypes=a.compile_dtypes, reps=plan.reps,
-                    warmup=plan.warmup, log2_numel=a.log2_numel if gpu else None,
+                    rounds=plan.rounds, warmup=plan.warmup, log2_numel=a.log2_numel if gpu else None,
                     cpu_rows=None if gpu else cases.CPU_ROWS,
                     small=None if not small_rows else dict(rows=list(cases.SMALL_ROWS),
                                                            hidden=cases.SMALL_HIDDEN,

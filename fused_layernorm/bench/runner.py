@@ -1,8 +1,10 @@
 """Runs the cases: for each (op, dtype, hidden) build inputs and the float32
-reference once, then per peer verify first and time only what verified."""
+reference once, verify every peer, then time what verified, the peers taking
+turns."""
 import contextlib
 import gc
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
@@ -22,7 +24,8 @@ class Plan:
     hidden: Sequence[int]
     directions: Sequence[str]
     rows_for: Callable[[int], int]
-    reps: int = 25
+    reps: int = 25  # timed calls a cell, over all rounds
+    rounds: int = 2  # turns of the case's peers, the order reversed each round
     warmup: int = 3
     copy_gbps: float = 0.0
     emit: Callable[[dict], None] = print
@@ -75,13 +78,20 @@ def _verify(plan: Plan, peer, op, dtype, inp, ref, dirs):
 
 
 def run_large(plan: Plan, peers) -> List[dict]:
+    """Per case: every peer verified, then the verified peers timed in turns,
+    the order reversed each round, and each cell the median of its rounds'
+    reps pooled.  Where a peer runs in the case's sequence moves its cells by
+    up to a point either way (H200, % of copy bandwidth, RMS bf16 7168
+    forward: the peer timed second 0.3-0.5 ahead, at 8192 the one timed first
+    0.1-0.9 ahead; docs/performance.md v28a), so every peer takes each place."""
     rows: List[dict] = []
     flush = timing.L2Flush(plan.device) if plan.device == "cuda" else None
+    reps = max(1, -(-plan.reps // plan.rounds))  # per round, so the rounds add up to plan.reps
 
     def time_it(fn):
         if flush is not None:
-            return timing.cuda_time_us(fn, plan.reps, plan.warmup, flush)
-        return timing.host_time_us(fn, warmup=min(plan.warmup, 2), max_reps=plan.reps)
+            return timing.cuda_time_us(fn, reps, plan.warmup, flush)
+        return timing.host_time_us(fn, warmup=min(plan.warmup, 2), max_reps=reps)
 
     for op in plan.ops:
         for dtype in plan.dtypes:
@@ -89,6 +99,9 @@ def run_large(plan: Plan, peers) -> List[dict]:
                 n_rows = plan.rows_for(hidden)
                 inp = make_inputs(op, n_rows, hidden, DTYPES[dtype], plan.device)
                 ref = reference(op, inp, EPS[op], grads=any(d != "fwd" for d in plan.directions))
+                # (peer, base, bound, check, dirs) of the peers that verified; their cells
+                done: Dict[tuple, dict] = {}
+                ready = []
                 for peer in peers:
                     dirs = [d for d in plan.directions if peer.supports(op, dtype, d)]
                     if not dirs:
@@ -98,26 +111,49 @@ def run_large(plan: Plan, peers) -> List[dict]:
                         bound, chk = _verify(plan, peer, op, dtype, inp, ref, dirs)
                     except Exception as e:
                         for d in dirs:
-                            rows.append(_row(plan, base, d, None, "ERROR", {}, _first_line(e)))
+                            done[(peer.name, d)] = _cell(base, d, "ERROR", {}, _first_line(e))
                         _cleanup(plan.device)
                         continue
-                    dy = inp.dy.clone()  # a peer may write into its dy
                     for d in dirs:
                         if not chk.ok_for(d):
-                            rows.append(_row(plan, base, d, None, "WRONG", chk.errors, ""))
-                            continue
-                        try:
-                            fn, mode = _call_for(d, bound, inp, dy)
-                            with mode():
-                                t_us, _ = time_it(fn)
-                            del fn
-                            rows.append(_row(plan, base, d, t_us, "ok", chk.errors, ""))
-                        except Exception as e:
-                            rows.append(_row(plan, base, d, None, "ERROR", chk.errors, _first_line(e)))
-                    del bound, dy
-                del inp, ref
+                            done[(peer.name, d)] = _cell(base, d, "WRONG", chk.errors, "")
+                    ready.append((peer, base, bound, chk, dirs))
+                samples: Dict[tuple, List[float]] = {}
+                for rnd in range(plan.rounds):
+                    for peer, base, bound, chk, dirs in (ready if rnd % 2 == 0 else ready[::-1]):
+                        for d in dirs:
+                            key = (peer.name, d)
+                            if key in done:
+                                continue
+                            dy = inp.dy.clone()  # a peer may write into its dy
+                            try:
+                                fn, mode = _call_for(d, bound, inp, dy)
+                                with mode():
+                                    _, ts = time_it(fn)
+                                samples.setdefault(key, []).extend(ts)
+                            except Exception as e:
+                                done[key] = _cell(base, d, "ERROR", chk.errors, _first_line(e))
+                                samples.pop(key, None)
+                            fn = None
+                            del dy
+                for peer, base, bound, chk, dirs in ready:
+                    for d in dirs:
+                        key = (peer.name, d)
+                        if key not in done:
+                            done[key] = _cell(base, d, "ok", chk.errors, "",
+                                              statistics.median(samples[key]))
+                for peer in peers:  # rows in the peers' order
+                    for d in plan.directions:
+                        if (peer.name, d) in done:
+                            rows.append(_row(plan, **done[(peer.name, d)]))
+                del inp, ref, ready, samples
                 _cleanup(plan.device)
     return rows
+
+
+def _cell(base: dict, direction: str, status: str, errors: dict, note: str,
+          t_us: Optional[float] = None) -> dict:
+    return dict(base=base, direction=direction, t_us=t_us, status=status, errors=errors, note=note)
 
 
 def _row(plan: Plan, base: dict, direction: str, t_us: Optional[float], status: str,

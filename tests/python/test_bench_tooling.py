@@ -20,3 +20,50 @@ def test_results_refuse_abbreviated_commit(monkeypatch, tmp_path, capsys):
     assert main(["--cpu", "--results", str(tmp_path / "r.json")]) == 2
     assert "40-digit" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_peers_take_turns_in_reversed_order(monkeypatch):
+    """Each round times every verified peer, the order reversed each round; a
+    cell is the median of its rounds' reps pooled; a wrong peer is never timed."""
+    import torch.nn.functional as F
+    from fused_layernorm.bench import peers as peers_mod, runner
+
+    log = []
+
+    def peer(name, scale):
+        def bind(op, w, b, eps):
+            def fn(x):
+                log.append(name)
+                return F.layer_norm(x, (x.shape[-1],), w, b, eps) * scale
+            return peers_mod.Bound(fn, [w, b])
+        return peers_mod.Peer(name, bind, directions={"layernorm": ("fwd",)})
+
+    timed = []
+
+    def fake_host_time_us(fn, warmup=0, max_reps=0, **kw):
+        n = len(log)
+        fn()
+        timed.append(log[n])
+        t = float(len(timed))
+        return t, [t] * max_reps
+
+    monkeypatch.setattr(runner.timing, "host_time_us", fake_host_time_us)
+    emitted = []
+    plan = runner.Plan(device="cpu", ops=["layernorm"], dtypes=["fp32"], hidden=[64],
+                       directions=["fwd"], rows_for=lambda h: 8, reps=4, rounds=3, warmup=0,
+                       copy_gbps=1.0, emit=emitted.append)
+    rows = runner.run_large(plan, [peer("a", 1.0), peer("wrong", 2.0), peer("b", 1.0)])
+    assert timed == ["a", "b", "b", "a", "a", "b"]
+    by_peer = {r["peer"]: r for r in rows}
+    assert [r["peer"] for r in rows] == ["a", "wrong", "b"] == [r["peer"] for r in emitted]
+    assert by_peer["wrong"]["status"] == "WRONG" and by_peer["wrong"]["time_us"] is None
+    assert by_peer["a"]["time_us"] == 4.0      # median of [1, 1, 4, 4, 5, 5]
+    assert by_peer["b"]["time_us"] == 3.0      # median of [2, 2, 3, 3, 6, 6]
+    assert by_peer["a"]["status"] == by_peer["b"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("flag", ["--rounds", "--reps"])
+def test_rounds_and_reps_must_be_positive(flag, capsys):
+    with pytest.raises(SystemExit):
+        main(["--cpu", flag, "0"])
+    assert f"{flag} must be at least 1" in capsys.readouterr().err
