@@ -24,7 +24,7 @@ class Plan:
     hidden: Sequence[int]
     directions: Sequence[str]
     rows_for: Callable[[int], int]
-    reps: int = 25  # timed calls a cell, over all rounds
+    reps: int = 25  # timed calls a cell, split over the rounds (rounded up)
     rounds: int = 2  # turns of the case's peers, the order reversed each round
     warmup: int = 3
     copy_gbps: float = 0.0
