@@ -53,35 +53,35 @@ MAX_JOBS=${MAX_JOBS:-16} $PY -m pip install --no-build-isolation --no-deps -e . 
 tail -3 "$LOG/build.log"
 
 if has_stage tests; then
-rm -f "$SUMMARY" "$SUMMARY.commit"
-echo "== C++ tests"
-ctest_summary="not run"
-if cmake -S . -B build-cpp -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-cpp -j 8 >/dev/null; then
-  ctest --test-dir build-cpp >/tmp/fln_ctest.log 2>&1 || status=1
-  ctest_summary=$(grep "tests passed" /tmp/fln_ctest.log || echo "ctest failed")
-else
-  ctest_summary="C++ build failed"; status=1
-fi
-echo "$ctest_summary"
+  rm -f "$SUMMARY" "$SUMMARY.commit"
+  echo "== C++ tests"
+  ctest_summary="not run"
+  if cmake -S . -B build-cpp -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-cpp -j 8 >/dev/null; then
+    ctest --test-dir build-cpp >/tmp/fln_ctest.log 2>&1 || status=1
+    ctest_summary=$(grep "tests passed" /tmp/fln_ctest.log || echo "ctest failed")
+  else
+    ctest_summary="C++ build failed"; status=1
+  fi
+  echo "$ctest_summary"
 
-echo "== Python tests (CPU and CUDA)"
-XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 8"   # parallel workers share the GPU
-$PY -m pytest tests/python $XDIST -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit.xml $* 2>&1 | tee "$LOG/pytest.log" | tail -40
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
+  echo "== Python tests (CPU and CUDA)"
+  XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 8"   # parallel workers share the GPU
+  $PY -m pytest tests/python $XDIST -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit.xml $* 2>&1 | tee "$LOG/pytest.log" | tail -40
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
-echo "== compute-sanitizer memcheck (tests marked sanitize)"
-if command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck --error-exitcode 99 $PY -m pytest tests/python -q -m sanitize -k cuda \
-    -p no:cacheprovider >"$LOG/sanitizer.log" 2>&1
-  rc=$?; tail -5 "$LOG/sanitizer.log"; echo "sanitizer exit: $rc"; [ $rc = 0 ] || status=1
-else
-  echo "compute-sanitizer not found"; rc=-1; status=1
-fi
+  echo "== compute-sanitizer memcheck (tests marked sanitize)"
+  if command -v compute-sanitizer >/dev/null; then
+    compute-sanitizer --tool memcheck --error-exitcode 99 $PY -m pytest tests/python -q -m sanitize -k cuda \
+      -p no:cacheprovider >"$LOG/sanitizer.log" 2>&1
+    rc=$?; tail -5 "$LOG/sanitizer.log"; echo "sanitizer exit: $rc"; [ $rc = 0 ] || status=1
+  else
+    echo "compute-sanitizer not found"; rc=-1; status=1
+  fi
 
-$PY scripts/test_summary.py /tmp/fln_junit.xml "$ctest_summary" $rc >"$SUMMARY"
-echo "$COMMIT" >"$SUMMARY.commit"
-cp "$SUMMARY" "$LOG/test_summary.json"
-cat "$SUMMARY"
+  $PY scripts/test_summary.py /tmp/fln_junit.xml "$ctest_summary" $rc >"$SUMMARY"
+  echo "$COMMIT" >"$SUMMARY.commit"
+  cp "$SUMMARY" "$LOG/test_summary.json"
+  cat "$SUMMARY"
 fi
 
 has_stage bench || { echo "gpu-check status: $status (tests only)"; exit $status; }

@@ -86,7 +86,7 @@ def run_large(plan: Plan, peers) -> List[dict]:
     0.1-0.9 ahead; docs/performance.md v28a), so every peer takes each place."""
     rows: List[dict] = []
     flush = timing.L2Flush(plan.device) if plan.device == "cuda" else None
-    reps = max(1, -(-plan.reps // plan.rounds))  # per round, so the rounds add up to plan.reps
+    reps = max(1, -(-plan.reps // plan.rounds))  # per round, rounded up: the rounds take at least plan.reps
 
     def time_it(fn):
         if flush is not None:
@@ -99,9 +99,8 @@ def run_large(plan: Plan, peers) -> List[dict]:
                 n_rows = plan.rows_for(hidden)
                 inp = make_inputs(op, n_rows, hidden, DTYPES[dtype], plan.device)
                 ref = reference(op, inp, EPS[op], grads=any(d != "fwd" for d in plan.directions))
-                # (peer, base, bound, check, dirs) of the peers that verified; their cells
-                done: Dict[tuple, dict] = {}
-                ready = []
+                done: Dict[tuple, dict] = {}  # (peer name, direction) -> its finished cell
+                ready = []  # (peer, base, bound, check, dirs) of each peer that verified
                 for peer in peers:
                     dirs = [d for d in plan.directions if peer.supports(op, dtype, d)]
                     if not dirs:
@@ -134,7 +133,7 @@ def run_large(plan: Plan, peers) -> List[dict]:
                             except Exception as e:
                                 done[key] = _cell(base, d, "ERROR", chk.errors, _first_line(e))
                                 samples.pop(key, None)
-                            fn = None
+                            fn = None  # drop the call (and a backward's graph) before the next
                             del dy
                 for peer, base, bound, chk, dirs in ready:
                     for d in dirs:
