@@ -73,6 +73,14 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
   const bool pair = !bwd && vec_ok && cc == 9 && elem <= 4 && w_bytes <= elem && (cols * elem) % 32 == 0 &&
                     pair_threads % 32 == 0 && pair_threads >= 320 && 3 * pair_threads <= 2048 &&
                     (2048 / pair_threads) * pair_threads >= 1792;
+  // LayerNorm's 16-bit pair rows with weight and bias of x's dtype take four
+  // accesses a thread where the pair's CTAs are fewer than four an SM or
+  // leave more than 1/16 of its 2048 thread slots idle, and CTAs a quarter
+  // of the row's accesses (whole warps) leave at most 1/16 idle.
+  auto full = [](int64_t t) { return (2048 / t) * t * 16 >= 2048 * 15; };  // t > 0
+  const int64_t nvec = cols * elem / 16;
+  const bool quad = pair && two_sums && elem == 2 && w_bytes == elem && w_arrays == 2 &&
+                    !(2048 / pair_threads >= 4 && full(pair_threads)) && nvec % 128 == 0 && full(nvec / 4);
   EXPECT_EQ(p.reread, pair || (reread_row && r.registers && !full_cta));
   EXPECT_EQ(reread_exact(p, cols), pair);
   if (p.reread) {  // fwd_reread_kernel.cuh: one CTA of whole warps a row
@@ -81,9 +89,9 @@ void check_cover(int64_t cols, int elem, int acc, bool vec_ok, bool bwd, int cc,
     EXPECT_EQ(p.cta_threads % 32, 0);
     EXPECT_LE(p.cta_threads, kRereadCta);
     EXPECT_EQ(p.groups, 1000);
-    if (pair) {  // two accesses a thread, every one of them in the row
-      EXPECT_EQ(p.nv, 2);
-      EXPECT_EQ(int64_t(p.cta_threads) * 2 * p.vec, cols);
+    if (pair) {  // two (or four) accesses a thread, every one of them in the row
+      EXPECT_EQ(p.nv, quad ? 4 : 2);
+      EXPECT_EQ(int64_t(p.cta_threads) * p.nv * p.vec, cols);
       return;
     }
     if (p.cta_threads < kRereadCta) {  // at most kRereadAccesses a thread, no idle warp
@@ -214,10 +222,11 @@ TEST(LaunchPlan, EveryPairRowSizeIsChecked) {
   for (int64_t bytes = 16; bytes <= 40 * 1024; bytes += 16)
     for (int elem : {2, 4, 8})
       for (int cc : {8, 9, 10})
-        for (int w_arrays : {0, 1, 2}) {
-          check_cover(bytes / elem, elem, elem == 8 ? 8 : 4, true, false, cc, w_arrays);
-          if (elem == 2 && w_arrays > 0) check_cover(bytes / elem, elem, 4, true, false, cc, w_arrays, true);
-        }
+        for (int w_arrays : {0, 1, 2})
+          for (bool two_sums : {false, true}) {
+            check_cover(bytes / elem, elem, elem == 8 ? 8 : 4, true, false, cc, w_arrays, false, two_sums);
+            if (elem == 2 && w_arrays > 0) check_cover(bytes / elem, elem, 4, true, false, cc, w_arrays, true, two_sums);
+          }
 }
 
 TEST(LaunchPlan, PairRowsTakeTheStraightLineRereadKernel) {
@@ -236,6 +245,21 @@ TEST(LaunchPlan, PairRowsTakeTheStraightLineRereadKernel) {
         EXPECT_EQ(p.nv, 2);
         EXPECT_EQ(p.cta_threads, int(n * elem / 32));
       }
+  // LayerNorm's 16-bit rows with weight and bias take four accesses a thread
+  // at 7168 (nine CTAs of 224 threads) and 10240 (six of 320), two at 5120,
+  // 6144, 8192 (five or more pair CTAs, at most 1/16 idle) and 10752 (672
+  // threads: its quarter, 336, is not whole warps); fp32, without the bias
+  // or RMSNorm's keep two.
+  for (int64_t cols : {5120, 6144, 7168, 8192, 10240, 10752}) {
+    const bool quad = cols == 7168 || cols == 10240;
+    const Plan ln = make_plan(1 << 14, cols, 2, 4, true, false, dev, 2, 2, true);
+    EXPECT_TRUE(reread_exact(ln, cols)) << cols;
+    EXPECT_EQ(ln.nv, quad ? 4 : 2) << cols;
+    EXPECT_EQ(ln.cta_threads, int(cols / (8 * ln.nv))) << cols;
+    EXPECT_EQ(make_plan(1 << 14, cols, 2, 4, true, false, dev, 2, 1, true).nv, 2) << cols;
+    EXPECT_EQ(make_plan(1 << 14, cols, 2, 4, true, false, dev, 2, 2, false).nv, 2) << cols;
+    EXPECT_EQ(make_plan(1 << 14, cols / 2, 4, 4, true, false, dev, 4, 2, true).nv, 2) << cols;
+  }
   for (int64_t cols : {4096, 12288, 7176, 5632, 6656, 8704, 9216, 14336, 16384}) {
     const Plan p = make_plan(1 << 14, cols, 2, 4, true, false, dev, 2);
     EXPECT_FALSE(reread_exact(p, cols)) << cols;

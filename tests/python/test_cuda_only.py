@@ -168,7 +168,8 @@ def test_misaligned_pointers(kind, dtype, hidden, layout, seed):
 # 16-bit rows from 14 KB: fp32 6144, bf16 12288 and 24576, fp32 12288,
 # RMSNorm's fp32 14336 and 16384 and 16-bit 32768, LayerNorm's 16-bit
 # 16384), rows re-read by the straight-line pair variant (16-bit 5120, 6144
-# and 7168, fp32 4096 and 5120: reread_pair_fits), one-CTA register rows
+# and 7168, fp32 4096 and 5120: reread_pair_fits; LayerNorm's 16-bit 7168
+# with weight and bias at four accesses a thread), one-CTA register rows
 # (RMSNorm's 16-bit 16384) and register clusters that stage the next row
 # (bf16 49152 and 65536, fp32 from 24576, LayerNorm's fp32 14336 and 16384
 # and 16-bit 32768).
@@ -260,8 +261,10 @@ def test_row_tickets_other_paths(case, seed):
 
 @kinds
 @pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 5120), (torch.float16, 7168), (torch.bfloat16, 8192),
-                                          (torch.bfloat16, 10752), (torch.float32, 2560), (torch.float32, 5120)],
-                         ids=["bf16-5120", "fp16-7168", "bf16-8192", "bf16-10752", "fp32-2560", "fp32-5120"])
+                                          (torch.bfloat16, 10240), (torch.bfloat16, 10752), (torch.float32, 2560),
+                                          (torch.float32, 5120)],
+                         ids=["bf16-5120", "fp16-7168", "bf16-8192", "bf16-10240", "bf16-10752", "fp32-2560",
+                              "fp32-5120"])
 @pytest.mark.parametrize("offset", [0.0, 8.0])
 @pytest.mark.parametrize("affine", [True, False])
 def test_pair_reread_rows(kind, dtype, hidden, offset, affine, seed):
@@ -270,7 +273,9 @@ def test_pair_reread_rows(kind, dtype, hidden, offset, affine, seed):
     CTAs from 320 threads (bf16 5120, fp32 2560) to 672 (bf16 10752), 1027
     rows (one CTA a row), with and without weight and bias; rows of mean 8
     take LayerNorm's third walk; RMSNorm runs its own build (16-bit write
-    walks two accesses at once).  fwd + bwd."""
+    walks two accesses at once).  LayerNorm's 16-bit 7168 and 10240 with
+    weight and bias take four accesses a thread (224 and 320 threads,
+    reread_quad_beats_pair).  fwd + bwd."""
     check(make_inputs(kind, (1027, hidden), (hidden,), dtype, "cuda", generator(seed), scale=1.0, offset=offset,
                       weight=affine, bias=affine))
 

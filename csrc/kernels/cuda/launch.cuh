@@ -238,14 +238,19 @@ auto fwd_rows_kernel_for(const Plan& pl) -> void (*)(FwdParams, dacc_t<DT>) {
 }
 
 // The re-read kernel of a plan (Plan::reread): the straight-line variant
-// where every thread holds exactly kRereadPairAccesses of the row, RMSNorm's
-// own build for RMSNorm.
+// where every thread holds exactly kRereadPairAccesses of the row (RMSNorm's
+// own build for RMSNorm), or kRereadQuadAccesses (LayerNorm's 16-bit rows
+// with weight and bias of x's dtype: reread_quad_beats_pair); else the loop.
 template <typename DT, typename DW>
 auto fwd_reread_kernel_for(const Plan& pl, const FwdParams& p) -> void (*)(FwdParams, dacc_t<DT>) {
   constexpr int V = 16 / sizeof(DT);
   constexpr int NV = kRereadPairAccesses;
-  if (reread_exact(pl, p.cols))
-    return p.rms ? &norm_fwd_reread_kernel<DT, DW, V, NV, true> : &norm_fwd_reread_kernel<DT, DW, V, NV>;
+  if (reread_exact(pl, p.cols)) {
+    if (pl.nv == NV)
+      return p.rms ? &norm_fwd_reread_kernel<DT, DW, V, NV, true> : &norm_fwd_reread_kernel<DT, DW, V, NV>;
+    if constexpr (sizeof(DT) == 2 && sizeof(DW) == sizeof(DT))
+      if (pl.nv == kRereadQuadAccesses) return &norm_fwd_reread_kernel<DT, DW, V, kRereadQuadAccesses>;
+  }
   return &norm_fwd_reread_kernel<DT, DW, V, 0>;
 }
 

@@ -27,6 +27,7 @@ struct Plan {
   bool short_rows = false;  // forward rows of one warp at most: fwd_rows_kernel.cuh
   int rows_per_thread = 1;  // short_rows: rows each thread holds (same columns)
   bool reread = false;      // forward: one CTA a row reads it twice (fwd_reread_kernel.cuh)
+  bool exact = false;       // reread: nv accesses a thread cover the row exactly (the straight-line variant)
 };
 
 // Forward rows of at most 32 lanes of kShortRowAccesses 16-byte accesses
@@ -346,19 +347,44 @@ inline bool reread_pair_fits(int64_t nvec) {
   return t >= kRereadPairMinCta && ctas >= kRereadPairMinCtas && ctas * t * 8 >= int64_t(kRereadSmThreads) * 7;
 }
 
-// The straight-line variant runs a plan of exactly kRereadPairAccesses a
-// thread, one CTA a row (a grid of at most 2^31 - 1 CTAs).
-inline bool reread_exact(const Plan& p, int64_t cols) {
-  return p.reread && p.nv == kRereadPairAccesses && p.tpr == p.cta_threads &&
-         int64_t(p.tpr) * p.nv * p.vec == cols && p.groups < INT32_MAX;
+// LayerNorm's 16-bit pair rows with weight and bias (both of x's dtype)
+// take kRereadQuadAccesses a thread instead, in CTAs a quarter of the row's
+// accesses, where the pair's CTAs are fewer than kRereadQuadPairCtas an SM
+// or leave more than 1/16 of its thread slots idle, and the quad's CTAs
+// (whole warps) leave at most 1/16 idle: bf16 7168 (nine CTAs of 224
+// threads, not four of 448) and 10240 (six of 320, not three of 640), but
+// not 5120, 6144 (five or six pair CTAs, 1920 threads) or 8192 (four, 2048).
+// LayerNorm's write walk goes one access at a time (fwd_reread_kernel.cuh),
+// so its pair CTAs hold their threads longer than RMSNorm's.  H200, % of
+// copy bandwidth, pair -> quad (docs/performance.md v29a): LN bf16 7168
+// 94.25 -> 95.36, 10240 92.98 -> 95.85, fp16 7168 94.77 -> 95.66, 10240
+// 93.84 -> 95.99; but bf16 5120 97.14 -> 94.86, 6144 96.66 -> 95.16, 8192
+// 96.24 -> 95.21; RMSNorm's pair rows (write walk two at a time) lost 1.7-3.4
+// as quads (RMS bf16 7168 98.8 -> 96.2, 8192 98.7 -> 95.0, 10240 98.7 ->
+// 97.1).  Measured in 16-bit with weight and bias only.
+constexpr int kRereadQuadAccesses = 4;
+constexpr int kRereadQuadPairCtas = 4;
+inline bool reread_quad_beats_pair(int64_t nvec) {
+  auto full = [](int64_t t) { return kRereadSmThreads / t * t * 16 >= int64_t(kRereadSmThreads) * 15; };
+  const int64_t pair = nvec / kRereadPairAccesses, quad = nvec / kRereadQuadAccesses;
+  if (kRereadSmThreads / pair >= kRereadQuadPairCtas && full(pair)) return false;
+  return nvec % (32 * kRereadQuadAccesses) == 0 && full(quad);
 }
 
-inline Plan reread_pair_layout(int64_t rows, int64_t nvec, int vec) {
+// The straight-line variant runs a plan of exactly nv accesses a thread
+// (kRereadPairAccesses, or kRereadQuadAccesses in 16-bit), one CTA a row (a
+// grid of at most 2^31 - 1 CTAs).
+inline bool reread_exact(const Plan& p, int64_t cols) {
+  return p.reread && p.exact && p.tpr == p.cta_threads && int64_t(p.tpr) * p.nv * p.vec == cols &&
+         p.groups < INT32_MAX;
+}
+
+inline Plan reread_straight_layout(int64_t rows, int64_t nvec, int vec, int nv) {
   Plan p;
-  p.reread = true;
+  p.reread = p.exact = true;
   p.vec = vec;
-  p.nv = kRereadPairAccesses;
-  p.tpr = p.cta_threads = int(nvec / kRereadPairAccesses);
+  p.nv = nv;
+  p.tpr = p.cta_threads = int(nvec / nv);
   p.groups = rows;
   return p;
 }
@@ -505,8 +531,11 @@ inline Plan make_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes,
   const int64_t row_bytes = cols * elem_bytes;
   const bool params_outweigh_row = cols * w_bytes * w_arrays > row_bytes;
   if (bwd || !vec_ok || !r.registers || r.group) return r;
-  if (dev.cc_major == 9 && elem_bytes <= 4 && w_bytes <= elem_bytes && reread_pair_fits(cols / r.vec))
-    return reread_pair_layout(rows, cols / r.vec, r.vec);
+  if (dev.cc_major == 9 && elem_bytes <= 4 && w_bytes <= elem_bytes && reread_pair_fits(cols / r.vec)) {
+    const bool quad = two_sums && elem_bytes == 2 && w_bytes == elem_bytes && w_arrays == 2 &&
+                      reread_quad_beats_pair(cols / r.vec);
+    return reread_straight_layout(rows, cols / r.vec, r.vec, quad ? kRereadQuadAccesses : kRereadPairAccesses);
+  }
   const bool inflight_ok = register_inflight(r, cols, elem_bytes) >= xs.max_inflight;
   const bool keep_registers =
       r.csize == 1 && inflight_ok && !reread_despite_inflight(r, elem_bytes);
