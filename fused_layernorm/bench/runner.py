@@ -124,7 +124,8 @@ def run_large(plan: Plan, peers) -> List[dict]:
                             key = (peer.name, d)
                             if key in done:
                                 continue
-                            dy = inp.dy.clone()  # a peer may write into its dy
+                            # a peer may write into its dy; the forward reads none
+                            dy = inp.dy.clone() if d != "fwd" else None
                             try:
                                 fn, mode = _call_for(d, bound, inp, dy)
                                 with mode():
