@@ -30,6 +30,29 @@ def _rms_norm(x, shape, weight, eps):
         return _C.rms_norm(x, shape, weight, eps)
     return _rms_norm_op(x, shape, weight, eps)
 
+
+
+def _fused(x, shape, weight, bias, eps, rms, residual, dropout_p, weight_offset, residual_dtype,
+           return_residual, generator, return_dropout_mask):
+    """The fused op: h = dropout(x) (+ residual), y = norm(h) * (weight + weight_offset) (+ bias).
+    Returns y, then h if return_residual, then the keep mask if return_dropout_mask."""
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"fused_layernorm: dropout_p must be in [0, 1], got {dropout_p}")
+    y, h, mask = torch.ops.fused_layernorm.add_norm.default(x, residual, shape, weight, bias, eps, rms, float(dropout_p), float(weight_offset),
+                              residual_dtype, return_residual, return_dropout_mask, generator)
+    out = (y,)
+    if return_residual:
+        out += (h,)
+    if return_dropout_mask:
+        out += (mask,)
+    return out[0] if len(out) == 1 else out
+
+
+def _plain(residual, dropout_p, weight_offset, residual_dtype, return_residual, return_dropout_mask) -> bool:
+    return (residual is None and dropout_p == 0 and weight_offset == 0 and residual_dtype is None
+            and not return_residual and not return_dropout_mask)
+
+
 _Shape = Union[int, Sequence[int], torch.Size]
 
 
@@ -39,21 +62,52 @@ def _as_shape(normalized_shape: _Shape) -> list:
     return list(normalized_shape)
 
 
+_FUSED_DOC = """
+    Fused pre-norm arguments (keyword only; all off by default, which is the plain op):
+
+    * ``residual``: added after dropout, ``h = dropout(x) + residual`` (same shape as x).
+    * ``dropout_p``: dropout on x before the add, drawn from ``generator`` (default: the
+      device's default generator, so ``torch.manual_seed`` reproduces it and CUDA graphs
+      replay it); the mask is recomputed in the backward, never stored.
+    * ``weight_offset``: ``y = norm(h) * (weight + weight_offset) + bias``, the offset added in
+      float32 (Gemma's ``1 + weight``).
+    * ``residual_dtype``: dtype of h (e.g. float32 with bf16 activations); default the
+      residual's dtype, else x's.
+    * ``return_residual``: also return h (the pre-norm residual stream).  Gradients flowing
+      into h are added in the backward kernel.
+    * ``return_dropout_mask``: also return the keep mask (bool, x's shape), for tests.
+
+    Returns ``y``, or a tuple ``(y, h)``, ``(y, mask)`` or ``(y, h, mask)``.
+"""
+
+
 def layer_norm(
     input: Tensor,
     normalized_shape: _Shape,
     weight: Optional[Tensor] = None,
     bias: Optional[Tensor] = None,
     eps: float = 1e-5,
-) -> Tensor:
+    *,
+    residual: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    weight_offset: float = 0.0,
+    residual_dtype: Optional[torch.dtype] = None,
+    return_residual: bool = False,
+    generator: Optional[torch.Generator] = None,
+    return_dropout_mask: bool = False,
+):
     """LayerNorm over the trailing ``normalized_shape`` dims of ``input``.
 
     Same contract as :func:`torch.nn.functional.layer_norm`: ``weight`` and
     ``bias`` (optional) have shape ``normalized_shape`` and the input's dtype or
     float32.  Statistics are computed in float32 (float64 for double inputs);
-    the output has the input's dtype.  Differentiable in all three tensors.
+    the output has the input's dtype.  Differentiable in every tensor.
     """
-    return _layer_norm(input, _as_shape(normalized_shape), weight, bias, float(eps))
+    shape = _as_shape(normalized_shape)
+    if _plain(residual, dropout_p, weight_offset, residual_dtype, return_residual, return_dropout_mask):
+        return _layer_norm(input, shape, weight, bias, float(eps))
+    return _fused(input, shape, weight, bias, float(eps), False, residual, dropout_p, weight_offset,
+                  residual_dtype, return_residual, generator, return_dropout_mask)
 
 
 def fused_layer_norm(
@@ -61,14 +115,17 @@ def fused_layer_norm(
     weight: Optional[Tensor] = None,
     bias: Optional[Tensor] = None,
     eps: float = 1e-5,
-) -> Tensor:
+    **fused,
+):
     """LayerNorm over the last dimension of ``x`` (the seed's call).
 
-    Equivalent to ``layer_norm(x, x.shape[-1:], weight, bias, eps)``.
+    Equivalent to ``layer_norm(x, x.shape[-1:], weight, bias, eps, **fused)``.
     """
     if x.dim() == 0:
         raise ValueError("fused_layer_norm: input must have at least one dimension, got a 0-d tensor")
-    return _layer_norm(x, [x.shape[-1]], weight, bias, float(eps))
+    if not fused:
+        return _layer_norm(x, [x.shape[-1]], weight, bias, float(eps))
+    return layer_norm(x, [x.shape[-1]], weight, bias, eps, **fused)
 
 
 def rms_norm(
@@ -76,18 +133,35 @@ def rms_norm(
     normalized_shape: _Shape,
     weight: Optional[Tensor] = None,
     eps: Optional[float] = None,
-) -> Tensor:
+    *,
+    residual: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    weight_offset: float = 0.0,
+    residual_dtype: Optional[torch.dtype] = None,
+    return_residual: bool = False,
+    generator: Optional[torch.Generator] = None,
+    return_dropout_mask: bool = False,
+):
     """RMSNorm over the trailing ``normalized_shape`` dims of ``input``.
 
     Same contract as :func:`torch.nn.functional.rms_norm`; ``eps=None`` means
     machine epsilon of the compute dtype, as torch does: ``torch.finfo(torch.float32).eps``
     for float16/bfloat16/float32 inputs and ``torch.finfo(torch.float64).eps`` for float64.
     """
-    return _rms_norm(input, _as_shape(normalized_shape), weight, None if eps is None else float(eps))
+    shape = _as_shape(normalized_shape)
+    eps = None if eps is None else float(eps)
+    if _plain(residual, dropout_p, weight_offset, residual_dtype, return_residual, return_dropout_mask):
+        return _rms_norm(input, shape, weight, eps)
+    return _fused(input, shape, weight, None, eps, True, residual, dropout_p, weight_offset,
+                  residual_dtype, return_residual, generator, return_dropout_mask)
 
 
-def fused_rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = None) -> Tensor:
+def fused_rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = None, **fused):
     """RMSNorm over the last dimension of ``x``; ``eps=None`` as in :func:`rms_norm`."""
     if x.dim() == 0:
         raise ValueError("fused_rms_norm: input must have at least one dimension, got a 0-d tensor")
-    return _rms_norm(x, [x.shape[-1]], weight, None if eps is None else float(eps))
+    return rms_norm(x, [x.shape[-1]], weight, eps, **fused)
+
+
+layer_norm.__doc__ += _FUSED_DOC
+rms_norm.__doc__ += _FUSED_DOC
