@@ -30,14 +30,15 @@ def with_cuda() -> bool:
 def extension():
     rel = lambda pattern: sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
     sources = ["csrc/registration.cpp", "csrc/torch/checks.cpp", "csrc/torch/norm_ops.cpp",
-               "csrc/torch/cpu_backend.cpp", "csrc/torch/meta_ops.cpp", "csrc/torch/autograd.cpp"]
+               "csrc/torch/cpu_backend.cpp", "csrc/torch/meta_ops.cpp", "csrc/torch/autograd.cpp",
+               "csrc/torch/add_norm_ops.cpp", "csrc/torch/add_norm_autograd.cpp"]
     # No -fvisibility=hidden: it duplicates libstdc++ template statics (the locale
     # facet ids behind operator<<) and crashed error formatting with g++ 13.
     cxx = ["-O3"]
     if not with_cuda():
         return cpp_extension.CppExtension("fused_layernorm._C", sources, extra_compile_args={"cxx": cxx})
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
-    sources += ["csrc/torch/cuda_backend.cpp"] + rel("csrc/kernels/cuda/inst_*.cu")
+    sources += ["csrc/torch/cuda_backend.cpp"] + rel("csrc/kernels/cuda/inst_*.cu") + rel("csrc/kernels/add_norm/cuda/inst_*.cu")
     nvcc = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
     if os.environ.get("FLN_PTXAS_VERBOSE") == "1":
         nvcc.append("-Xptxas=-v")

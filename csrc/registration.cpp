@@ -5,6 +5,7 @@
 #include <torch/library.h>
 #include <torch/python.h>
 
+#include "torch/add_norm_ops.h"
 #include "torch/norm_ops.h"
 
 using namespace fln::glue;
@@ -21,6 +22,18 @@ TORCH_LIBRARY(fused_layernorm, m) {
   m.def("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None,"
         " float eps=1e-05) -> Tensor", tags);
   m.def("rms_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor", tags);
+  // The fused pre-norm op: h = dropout(input) + residual, y = norm(h) * (weight + weight_offset) + bias.
+  const std::vector<at::Tag> seeded{at::Tag::pt2_compliant_tag, at::Tag::nondeterministic_seeded};
+  m.def("add_norm_fwd(Tensor input, Tensor? residual, int[] normalized_shape, Tensor? weight, Tensor? bias,"
+        " float? eps, bool rms, float dropout_p, float weight_offset, ScalarType? residual_dtype, bool store_h,"
+        " bool store_mask, Generator? generator) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", seeded);
+  m.def("add_norm_bwd(Tensor grad_out, Tensor? grad_h, Tensor h, int[] normalized_shape, Tensor? mean, Tensor rstd,"
+        " Tensor? weight, Tensor? bias, bool rms, float dropout_p, float weight_offset, Tensor? rng_state,"
+        " ScalarType input_dtype, bool[4] output_mask) -> (Tensor, Tensor, Tensor, Tensor)", tags);
+  m.def("add_norm(Tensor input, Tensor? residual, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None,"
+        " float? eps=None, bool rms=False, float dropout_p=0., float weight_offset=0., ScalarType? residual_dtype=None,"
+        " bool return_residual=False, bool return_mask=False, Generator? generator=None) -> (Tensor, Tensor, Tensor)",
+        seeded);
 }
 
 TORCH_LIBRARY_IMPL(fused_layernorm, CPU, m) {
@@ -30,6 +43,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CPU, m) {
   m.impl("rms_norm_bwd", &rms_norm_bwd<kCpuBackend>);
   m.impl("layer_norm", &layer_norm_y<kCpuBackend>);
   m.impl("rms_norm", &rms_norm_y<kCpuBackend>);
+  m.impl("add_norm_fwd", &add_norm_fwd<kCpuAddNorm>);
+  m.impl("add_norm_bwd", &add_norm_bwd<kCpuAddNorm>);
 }
 
 #ifdef FLN_WITH_CUDA
@@ -40,6 +55,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CUDA, m) {
   m.impl("rms_norm_bwd", &rms_norm_bwd<kCudaBackend>);
   m.impl("layer_norm", &layer_norm_y<kCudaBackend>);
   m.impl("rms_norm", &rms_norm_y<kCudaBackend>);
+  m.impl("add_norm_fwd", &add_norm_fwd<kCudaAddNorm>);
+  m.impl("add_norm_bwd", &add_norm_bwd<kCudaAddNorm>);
 }
 #endif
 
@@ -48,6 +65,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, Meta, m) {
   m.impl("layer_norm_bwd", &layer_norm_bwd_meta);
   m.impl("rms_norm_fwd", &rms_norm_fwd_meta);
   m.impl("rms_norm_bwd", &rms_norm_bwd_meta);
+  m.impl("add_norm_fwd", &add_norm_fwd_meta);
+  m.impl("add_norm_bwd", &add_norm_bwd_meta);
 }
 
 // The fwd/bwd ops have no derivative of their own: called where autograd
@@ -58,7 +77,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, Meta, m) {
 TORCH_LIBRARY_IMPL(fused_layernorm, Autograd, m) {
   m.impl("layer_norm", &layer_norm_autograd);
   m.impl("rms_norm", &rms_norm_autograd);
-  for (const char* op : {"layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd"})
+  m.impl("add_norm", &add_norm_autograd);
+  for (const char* op : {"layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd", "add_norm_fwd", "add_norm_bwd"})
     m.impl(op, torch::autograd::autogradNotImplementedFallback());
 }
 
@@ -67,6 +87,7 @@ TORCH_LIBRARY_IMPL(fused_layernorm, Autograd, m) {
 TORCH_LIBRARY_IMPL(fused_layernorm, CompositeExplicitAutograd, m) {
   m.impl("layer_norm", &layer_norm_composite);
   m.impl("rms_norm", &rms_norm_composite);
+  m.impl("add_norm", &add_norm_composite);
 }
 
 // `import fused_layernorm._C` loads this library (and so the registrations).

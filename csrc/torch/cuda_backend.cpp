@@ -7,7 +7,13 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/SmallVector.h>
 
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+
+#include <mutex>
+
+#include "../kernels/add_norm/cuda/add_norm_cuda.h"
 #include "../kernels/cuda/norm_cuda.h"
+#include "add_norm_ops.h"
 #include "dispatch.h"
 #include "norm_ops.h"
 
@@ -36,18 +42,36 @@ struct Scratch {
   }
 };
 
-// Runs one launcher on the input's device and current stream, and checks it.
-template <typename Launch>
-void run(const Tensor& like, at::ScalarType xt, at::ScalarType wt, const char* what, Launch&& launch) {
+// Runs one launcher on the input's device and current stream, and checks
+// it; `dispatch` calls it with the kernels' storage types.
+template <typename Dispatch, typename Launch>
+void run_with(const Tensor& like, const char* what, Dispatch&& dispatch, Launch&& launch) {
   c10::cuda::CUDAGuard guard(like.device());
   const auto dev = device_info(like);
   cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index);
   Scratch scratch;
   const fln::cuda::Workspace ws{&Scratch::alloc, &scratch};
-  dispatch_norm_types(xt, wt, [&](auto t, auto w) {
-    const cudaError_t e = launch(t, w, dev, stream, ws);
+  dispatch([&](auto... types) {
+    const cudaError_t e = launch(types..., dev, stream, ws);
     TORCH_CHECK(e == cudaSuccess, "fused_layernorm: ", what, " failed: ", cudaGetErrorString(e));
   });
+}
+
+template <typename Launch>
+void run(const Tensor& like, at::ScalarType xt, at::ScalarType wt, const char* what, Launch&& launch) {
+  run_with(like, what, [&](auto&& f) { dispatch_norm_types(xt, wt, f); }, launch);
+}
+
+// (x, weight, h) dtypes: h has x's dtype or float32.
+template <typename Launch>
+void run3(const Tensor& like, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt, const char* what,
+          Launch&& launch) {
+  run_with(like, what, [&](auto&& f) {
+    dispatch_norm_types(xt, wt, [&](auto t, auto w) {
+      if (rt == xt) f(t, w, t);
+      else f(t, w, Tag<float>{});
+    });
+  }, launch);
 }
 
 void cuda_fwd(const FwdParams& p, at::ScalarType xt, at::ScalarType wt, const Tensor& like) {
@@ -62,8 +86,56 @@ void cuda_bwd(const BwdParams& p, at::ScalarType xt, at::ScalarType wt, const Te
   });
 }
 
+template <typename X> using type_of = typename X::type;
+
+void cuda_add_norm_fwd(const AddNormFwdParams& p, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt,
+                       const Tensor& like) {
+  run3(like, xt, wt, rt, "fused forward kernel launch", [&](auto t, auto w, auto r, const auto& dev, cudaStream_t s,
+                                                            auto ws) {
+    using T = type_of<decltype(t)>;
+    using R = type_of<decltype(r)>;
+    if constexpr (std::is_same_v<T, double> && !std::is_same_v<R, double>) return cudaErrorNotSupported;
+    else return fln::cuda::add_norm_fwd<T, type_of<decltype(w)>, R>(p, dev, s, ws);
+  });
+}
+
+void cuda_add_norm_bwd(const AddNormBwdParams& p, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt,
+                       const Tensor& like) {
+  run3(like, xt, wt, rt, "fused backward kernel launch", [&](auto t, auto w, auto r, const auto& dev,
+                                                             cudaStream_t s, auto ws) {
+    using T = type_of<decltype(t)>;
+    using R = type_of<decltype(r)>;
+    if constexpr (std::is_same_v<T, double> && !std::is_same_v<R, double>) return cudaErrorNotSupported;
+    else return fln::cuda::add_norm_bwd<T, type_of<decltype(w)>, R>(p, dev, s, ws);
+  });
+}
+
+// torch's CUDA generator: a seed and offset, or (under graph capture) the
+// device pointers the captured graph reads them from.  4 draws a call
+// (philox.h).
+DropoutRng cuda_draw(const OptGenerator& gen, const Tensor& like) {
+  auto* g = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+      gen, at::cuda::detail::getDefaultCUDAGenerator(like.get_device()));
+  at::PhiloxCudaState st;
+  {
+    std::lock_guard<std::mutex> lock(g->mutex_);
+    st = g->philox_cuda_state(4);
+  }
+  DropoutRng r;
+  if (st.captured_) {
+    r.seed_ptr = st.seed_.ptr;
+    r.offset_ptr = st.offset_.ptr;
+    r.offset_extra = st.offset_intragraph_;
+  } else {
+    r.seed = st.seed_.val;
+    r.offset = st.offset_.val;
+  }
+  return r;
+}
+
 }  // namespace
 
 const Backend kCudaBackend{&cuda_fwd, &cuda_bwd};
+const AddNormBackend kCudaAddNorm{&cuda_add_norm_fwd, &cuda_add_norm_bwd, &cuda_draw};
 
 }  // namespace fln::glue

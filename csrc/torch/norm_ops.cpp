@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "checks.h"
+#include "rows.h"
 
 namespace fln::glue {
 
@@ -12,21 +13,6 @@ int64_t product(at::IntArrayRef s) {
   int64_t p = 1;
   for (int64_t v : s) p *= v;
   return p;
-}
-
-// The rows of t as (data, row stride) with unit inner stride.  Any layout
-// that reshapes to such a view (contiguous, row-sliced, row-expanded) is read
-// in place; anything else is copied once to contiguous.
-struct Rows {
-  Tensor t;        // keeps the data alive
-  int64_t stride;  // elements between row starts
-};
-
-Rows rows_view(const Tensor& t, int64_t rows, int64_t cols) {
-  if (t.is_contiguous()) return {t, cols};  // the hot path: no view to build
-  Tensor v = t.reshape({rows, cols});
-  if (cols > 1 && v.stride(1) != 1) v = v.contiguous();
-  return {v, v.stride(0)};
 }
 
 const void* opt_ptr(const Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }

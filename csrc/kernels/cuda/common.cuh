@@ -88,6 +88,7 @@ template <typename T, int VEC, bool kPacked = sizeof(T) == 2>
 struct Frag {
   Vec<T, VEC> r;
   __device__ __forceinline__ void load(const T* p) { r = *reinterpret_cast<const Vec<T, VEC>*>(p); }
+  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<Vec<T, VEC>*>(p) = r; }
   __device__ __forceinline__ void zero() {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) r.v[k] = T(0);
@@ -106,6 +107,10 @@ struct Frag<T, VEC, true> {
   __device__ __forceinline__ void load(const T* p) {
     if constexpr (VEC == 1) r.v[0] = *reinterpret_cast<const unsigned short*>(p);
     else r = *reinterpret_cast<const Vec<uint32_t, kWords>*>(p);
+  }
+  __device__ __forceinline__ void store(T* p) const {
+    if constexpr (VEC == 1) *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(r.v[0]);
+    else *reinterpret_cast<Vec<uint32_t, kWords>*>(p) = r;
   }
   __device__ __forceinline__ void zero() {
 #pragma unroll

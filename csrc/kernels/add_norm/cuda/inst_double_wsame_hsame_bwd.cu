@@ -1,0 +1,6 @@
+// Explicit instantiation: bwd, x double, weight double, h double.
+#include "launch.cuh"
+
+namespace fln::cuda {
+template cudaError_t add_norm_bwd<double, double, double>(const AddNormBwdParams&, const DeviceInfo&, cudaStream_t, Workspace);
+}  // namespace fln::cuda

@@ -1,0 +1,6 @@
+// Explicit instantiation: fwd, x fln::Half, weight fln::Half, h float.
+#include "launch.cuh"
+
+namespace fln::cuda {
+template cudaError_t add_norm_fwd<fln::Half, fln::Half, float>(const AddNormFwdParams&, const DeviceInfo&, cudaStream_t, Workspace);
+}  // namespace fln::cuda

@@ -1,0 +1,6 @@
+// Explicit instantiation: bwd, x fln::Half, weight fln::Half, h fln::Half.
+#include "launch.cuh"
+
+namespace fln::cuda {
+template cudaError_t add_norm_bwd<fln::Half, fln::Half, fln::Half>(const AddNormBwdParams&, const DeviceInfo&, cudaStream_t, Workspace);
+}  // namespace fln::cuda

@@ -1,0 +1,553 @@
+// The fused pre-norm kernels (params.h): one forward and one backward
+// template, each a shared prologue (load x and the residual, drop out, form
+// h) and epilogue (normalize, affine, store) around one of four row
+// strategies (Mode), chosen by plan.h:
+//   kRow         a team of threads_per_row threads of one CTA holds a row in
+//                registers (several rows a CTA for short rows);
+//   kCluster     the same team in each CTA of a thread-block cluster (sm_90),
+//                the row's statistics exchanged through distributed shared memory;
+//   kSplitStats  rows too long for a cluster: `chunks` CTAs each reduce a
+//   kSplitApply  slice of the row into a workspace, then each re-reads its
+//                slice and finishes it (inputs read twice).
+// A row's columns are spread over its threads in 16-byte accesses: access i
+// of thread t holds columns (i * row_threads + t) * VEC ... + VEC - 1, so a
+// warp's accesses are contiguous.
+#pragma once
+#include <cooperative_groups.h>
+
+#include "../../cuda/common.cuh"
+#include "../params.h"
+#include "../philox.h"
+
+namespace fln::cuda::add_norm {
+
+enum class Mode { kRow, kCluster, kSplitStats, kSplitApply };
+
+constexpr int kMaxThreads = 512;  // a CTA; plan.h keeps to it
+constexpr int kMaxCluster = 16;
+
+struct Layout {
+  int threads_per_row = 1;  // of one CTA: a power of two up to 32, or whole warps (then one row a CTA)
+  int cluster = 1;          // kCluster: CTAs of a cluster on a row
+  int chunks = 1;           // kSplit*: CTAs on a row (gridDim.x)
+};
+
+// Statistics of a slice of a row, merged by a pairwise rule that is
+// symmetric in its operands, so both partners of a butterfly step get the
+// same bits and every thread of a row ends with identical statistics.
+// LayerNorm: (count, mean, M2) merged by Chan et al.'s rule, one algorithm for
+// every row strategy (each thread starts with a two-pass over its registers).
+// RMSNorm and the backward: plain sums.
+template <typename A, int K, bool kWelford>
+struct Stats {
+  A v[K];
+  __device__ __forceinline__ void merge(const Stats& o) {
+    if constexpr (kWelford) {
+      const A n = v[0] + o.v[0];
+      const A inv = n > A(0) ? A(1) / n : A(0);
+      const A d = o.v[1] - v[1];
+      const A mean = (v[0] * v[1] + o.v[0] * o.v[1]) * inv;
+      v[2] = v[2] + o.v[2] + d * d * (v[0] * o.v[0] * inv);
+      v[1] = mean;
+      v[0] = n;
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] += o.v[k];
+    }
+  }
+  __device__ __forceinline__ Stats shfl_xor(int off) const {
+    Stats o;
+#pragma unroll
+    for (int k = 0; k < K; ++k) o.v[k] = __shfl_xor_sync(0xffffffffu, v[k], off);
+    return o;
+  }
+};
+
+template <typename A, int K>
+struct ReduceShared {
+  A warp[2][kMaxThreads / 32][K];  // two buffers in turn: one barrier a reduction
+  A cta[2][K];                     // kCluster: this CTA's total, read by the others
+};
+
+// Merges s over the row's threads: lanes of a warp by butterfly, then the
+// warps of the CTA (a team of whole warps), then the CTAs of the cluster.
+// Every step merges in a fixed order, so results are identical in every
+// thread and run.  `round` alternates the shared buffers.
+template <bool kCluster, typename A, int K, bool W>
+__device__ __forceinline__ void reduce_row(Stats<A, K, W>& s, int threads_per_row, ReduceShared<A, K>& sh, int round) {
+  const int lanes = threads_per_row < 32 ? threads_per_row : 32;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const Stats<A, K, W> o = s.shfl_xor(off);  // every lane shuffles: no divergence
+    if (off < lanes) s.merge(o);
+  }
+  if (threads_per_row <= 32 && !kCluster) return;
+  const int buf = round & 1, lane = threadIdx.x % 32, warps = threads_per_row / 32;
+  auto butterfly16 = [&](Stats<A, K, W> t) {
+#pragma unroll
+    for (int off = 1; off < 16; off *= 2) t.merge(t.shfl_xor(off));
+    return t;
+  };
+  auto identity = [] {
+    Stats<A, K, W> z;
+#pragma unroll
+    for (int k = 0; k < K; ++k) z.v[k] = A(0);
+    return z;
+  };
+  if (threads_per_row > 32) {
+    if (lane == 0)
+#pragma unroll
+      for (int k = 0; k < K; ++k) sh.warp[buf][threadIdx.x / 32][k] = s.v[k];
+    __syncthreads();
+    Stats<A, K, W> t = identity();
+    if (lane % 16 < warps)
+#pragma unroll
+      for (int k = 0; k < K; ++k) t.v[k] = sh.warp[buf][lane % 16][k];
+    s = butterfly16(t);
+  }
+  if constexpr (kCluster) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0)
+#pragma unroll
+      for (int k = 0; k < K; ++k) sh.cta[buf][k] = s.v[k];
+    // Buffer `buf` is written again two rounds on, after every CTA has
+    // passed the next round's barrier, so after it has read this round's.
+    cluster.sync();
+    const int ctas = int(cluster.num_blocks());
+    Stats<A, K, W> t = identity();
+    if (lane % 16 < ctas) {
+      const A* remote = cluster.map_shared_rank(&sh.cta[buf][0], lane % 16);
+#pragma unroll
+      for (int k = 0; k < K; ++k) t.v[k] = remote[k];
+    }
+    s = butterfly16(t);
+  }
+}
+
+// A thread's place on its rows.
+struct Place {
+  int64_t first_row, row_step;  // rows first_row, first_row + row_step, ...
+  int t, row_threads;           // this thread among the row's threads, and how many
+  bool leader;                  // the one thread of a row that stores its mean and rstd
+  int chunk;                    // kSplit*: which CTA of the row
+};
+
+template <Mode M>
+__device__ __forceinline__ Place place(const Layout& lay) {
+  Place pl;
+  const int tpr = lay.threads_per_row;
+  if constexpr (M == Mode::kSplitStats || M == Mode::kSplitApply) {
+    pl.chunk = blockIdx.x;
+    pl.t = blockIdx.x * tpr + threadIdx.x;
+    pl.row_threads = tpr * lay.chunks;
+    pl.first_row = blockIdx.y;
+    pl.row_step = gridDim.y;
+    pl.leader = blockIdx.x == 0 && threadIdx.x == 0;
+  } else {
+    int rank = 0;
+    if constexpr (M == Mode::kCluster) rank = int(cooperative_groups::this_cluster().block_rank());
+    const int rows_per_cta = blockDim.x / tpr, row_in_cta = threadIdx.x / tpr, lane = threadIdx.x % tpr;
+    const int64_t group = blockIdx.x / lay.cluster, groups = gridDim.x / lay.cluster;
+    pl.chunk = 0;
+    pl.t = rank * tpr + lane;
+    pl.row_threads = tpr * lay.cluster;
+    pl.first_row = group * rows_per_cta + row_in_cta;
+    pl.row_step = groups * rows_per_cta;
+    pl.leader = pl.t == 0;
+  }
+  return pl;
+}
+
+// The dropout keep bits of one access of VEC elements at (row, col), col a
+// multiple of VEC: one Philox draw serves four elements.
+template <int VEC>
+__device__ __forceinline__ uint32_t keep_bits(const DropoutMask& dm, int64_t row, int64_t col) {
+  uint32_t bits = 0;
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      const Philox4 d = dm.draws(row, col + 4 * q);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) bits |= uint32_t(d.v[j] < dm.threshold) << (4 * q + j);
+    }
+  } else {  // VEC 1 or 2: the access lies in one block
+    const Philox4 d = dm.draws(row, col);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) bits |= uint32_t(d.v[(col + k) & 3] < dm.threshold) << k;
+  }
+  return bits;
+}
+
+__device__ __forceinline__ DropoutMask device_mask(const DropoutRng& rng, int64_t cols, float p) {
+  const uint64_t seed = rng.seed_ptr ? uint64_t(*rng.seed_ptr) : rng.seed;
+  const uint64_t offset = rng.offset_ptr ? uint64_t(*rng.offset_ptr) + rng.offset_extra : rng.offset;
+  return DropoutMask::make(seed, offset, cols, p);
+}
+
+// VEC accumulators rounded to R, packed as a Frag.
+template <typename DR, typename A, int VEC>
+__device__ __forceinline__ Frag<DR, VEC> to_frag(const A (&v)[VEC]) {
+  Frag<DR, VEC> f;
+  if constexpr (sizeof(DR) == 2 && VEC % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < VEC / 2; ++k) f.r.v[k] = acc_to_bits(v[2 * k], v[2 * k + 1], static_cast<DR*>(nullptr));
+  } else if constexpr (sizeof(DR) == 2) {  // VEC 1: the low half holds the element
+    const DR e = from_acc<DR>(v[0]);
+    f.r.v[0] = *reinterpret_cast<const unsigned short*>(&e);
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) f.r.v[k] = from_acc<DR>(v[k]);
+  }
+  return f;
+}
+
+// ---------------------------------------------------------------------------
+// Forward.  Statistics workspace of the split modes: [rows][chunks] Stats.
+// ---------------------------------------------------------------------------
+template <typename T, typename W, typename R, int VEC, int NV, Mode M>
+__global__ void __launch_bounds__(kMaxThreads, 2)
+add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
+  using A = dacc_t<T>;
+  using DT = device_t<T>;
+  using DW = device_t<W>;
+  using DR = device_t<R>;
+  constexpr int K = 3;  // LayerNorm (count, mean, M2); RMSNorm uses v[0] for sum(h^2)
+  using S = Stats<A, K, true>;
+  using SR = Stats<A, 1, false>;
+  __shared__ ReduceShared<A, K> sh;
+  __shared__ ReduceShared<A, 1> sh1;
+  const Place pl = place<M>(lay);
+  const int64_t n = p.cols;
+  auto col = [&](int i) { return int64_t(i * pl.row_threads + pl.t) * VEC; };
+  const bool dropout = p.dropout_p > 0.f;
+  DropoutMask dm{};
+  if (dropout) dm = device_mask(p.rng, n, p.dropout_p);
+  if (p.rng_out && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    p.rng_out[0] = int64_t(dm.seed);
+    p.rng_out[1] = int64_t(dm.offset);
+  }
+  constexpr bool kCl = M == Mode::kCluster;
+  const A woff = A(p.weight_offset);
+  int round = 0;
+  // Loop while any row of this CTA (cluster) is live: trip counts stay
+  // uniform, so every thread reaches every barrier.
+  for (int64_t row = pl.first_row;; row += pl.row_step) {
+    const int64_t cta_first = M == Mode::kRow || kCl ? row - threadIdx.x / lay.threads_per_row : row;
+    if (cta_first >= p.rows) break;
+    const bool live = row < p.rows;
+    // Prologue: h = dropout(x) + residual, held as R (y normalizes the h
+    // that is returned, and 16-bit values stay packed two to a register); the
+    // split's second pass reads h back.
+    Frag<DR, VEC> h[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = col(i);
+      if (!live || c >= n) {
+        h[i].zero();
+        continue;
+      }
+      if constexpr (M == Mode::kSplitApply) {
+        h[i].load(static_cast<const DR*>(p.h) + row * n + c);
+      } else {
+        Frag<DT, VEC> xf;
+        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf, static_cast<const DT*>(p.x) + row * p.x_stride + c);
+        const bool plain = !dropout && !p.residual && std::is_same_v<DR, DT>;
+        if (plain) {  // h is x
+          if constexpr (std::is_same_v<DR, DT>) h[i] = xf;
+        } else {
+          Frag<DR, VEC> rf;
+          if (p.residual) rf.load(static_cast<const DR*>(p.residual) + row * p.residual_stride + c);
+          uint32_t keep = ~0u;
+          if (dropout) {
+            keep = keep_bits<VEC>(dm, row, c);
+            if (p.mask) {
+              Vec<uint8_t, VEC> mv;
+#pragma unroll
+              for (int k = 0; k < VEC; ++k) mv.v[k] = uint8_t((keep >> k) & 1u);
+              *reinterpret_cast<Vec<uint8_t, VEC>*>(p.mask + row * n + c) = mv;
+            }
+          }
+          A hv[VEC];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            A v = xf.get(k);
+            if (dropout) v = (keep >> k) & 1u ? v * A(dm.scale) : A(0);
+            if (p.residual) v += A(rf.get(k));
+            hv[k] = v;
+          }
+          h[i] = to_frag<DR>(hv);
+        }
+        if (p.h) h[i].store(static_cast<DR*>(p.h) + row * n + c);
+      }
+    }
+    // Statistics.
+    A mean = A(0), rstd = A(0);
+    const bool split_first = M == Mode::kSplitStats;
+    if (p.rms) {
+      SR s{{A(0)}};
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) s.v[0] += h[i].get(k) * h[i].get(k);
+      if constexpr (M != Mode::kSplitApply) reduce_row<kCl>(s, lay.threads_per_row, sh1, round);
+      if constexpr (M == Mode::kSplitStats) {
+        if (live && threadIdx.x == 0) work[(row * lay.chunks + pl.chunk) * K] = s.v[0];
+      } else if constexpr (M == Mode::kSplitApply) {
+        s.v[0] = A(0);
+        for (int c = 0; c < lay.chunks; ++c) s.v[0] += live ? work[(row * lay.chunks + c) * K] : A(0);
+      }
+      rstd = rsqrt_acc(s.v[0] / A(n) + A(p.eps));
+    } else {
+      S s;
+      int cnt = 0;
+      A sum = A(0);
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+        if (col(i) < n)
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) sum += h[i].get(k);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) cnt += live && col(i) < n ? VEC : 0;
+      const A m = cnt ? sum / A(cnt) : A(0);
+      A m2 = A(0);
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+        if (col(i) < n)
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) m2 += (A(h[i].get(k)) - m) * (A(h[i].get(k)) - m);
+      s.v[0] = A(cnt);
+      s.v[1] = m;
+      s.v[2] = live ? m2 : A(0);
+      if constexpr (M != Mode::kSplitApply) reduce_row<kCl>(s, lay.threads_per_row, sh, round);
+      if constexpr (M == Mode::kSplitStats) {
+        if (live && threadIdx.x == 0)
+#pragma unroll
+          for (int k = 0; k < K; ++k) work[(row * lay.chunks + pl.chunk) * K + k] = s.v[k];
+      } else if constexpr (M == Mode::kSplitApply) {
+        S t{{A(0), A(0), A(0)}};
+        for (int c = 0; c < lay.chunks && live; ++c) {
+          S o;
+#pragma unroll
+          for (int k = 0; k < K; ++k) o.v[k] = work[(row * lay.chunks + c) * K + k];
+          t.merge(o);
+        }
+        s = t;
+      }
+      mean = s.v[1];
+      rstd = rsqrt_acc(s.v[2] / A(n) + A(p.eps));
+    }
+    ++round;
+    if (split_first || !live) continue;
+    if (pl.leader) {
+      if (p.mean) static_cast<A*>(p.mean)[row] = mean;
+      if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
+    }
+    // Epilogue: y = (h - mean) * rstd * (w + weight_offset) + b.
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = col(i);
+      if (c >= n) continue;
+      Frag<DW, VEC> wf, bf;
+      if (p.w) wf.load(static_cast<const DW*>(p.w) + c);
+      if (p.b) bf.load(static_cast<const DW*>(p.b) + c);
+      A y[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        A v = (A(h[i].get(k)) - mean) * rstd;
+        if (p.w) v *= A(wf.get(k)) + woff;
+        else v *= A(1) + woff;
+        if (p.b) v += A(bf.get(k));
+        y[k] = v;
+      }
+      store_vec(static_cast<DT*>(p.y) + row * n + c, y);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Backward.  A persistent grid: each team keeps dweight / dbias partials for
+// its columns in registers over all its rows, then writes one partial row
+// (part_w / part_b [groups][cols]); finalize_kernel adds them in a fixed
+// order.  Split modes: the first pass writes each chunk's two sums to the
+// workspace ([rows][chunks][2]), the second finishes the row.
+// ---------------------------------------------------------------------------
+template <typename T, typename W, typename R, int VEC, int NV, Mode M>
+__global__ void __launch_bounds__(kMaxThreads, 2)
+add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>* part_b, dacc_t<T>* work) {
+  using A = dacc_t<T>;
+  using DT = device_t<T>;
+  using DW = device_t<W>;
+  using DR = device_t<R>;
+  using S = Stats<A, 2, false>;
+  __shared__ ReduceShared<A, 2> sh;
+  extern __shared__ __align__(16) unsigned char merge_smem[];
+  constexpr bool kCl = M == Mode::kCluster;
+  const Place pl = place<M>(lay);
+  const int64_t n = p.cols;
+  auto col = [&](int i) { return int64_t(i * pl.row_threads + pl.t) * VEC; };
+  const bool dropout = p.dropout_p > 0.f;
+  DropoutMask dm{};
+  if (dropout) dm = device_mask(p.rng, n, p.dropout_p);
+  const A woff = A(p.weight_offset);
+  // This thread's columns are the same in every row: weights in registers.
+  A w[NV][VEC];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    Frag<DW, VEC> wf;
+    const bool has = p.w && col(i) < n;
+    if (has) wf.load(static_cast<const DW*>(p.w) + col(i));
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) w[i][k] = (has ? A(wf.get(k)) : A(1)) + woff;
+  }
+  constexpr bool kPartials = M != Mode::kSplitStats;
+  A pw[kPartials ? NV : 1][VEC], pb[kPartials ? NV : 1][VEC];
+#pragma unroll
+  for (int i = 0; i < (kPartials ? NV : 1); ++i)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) pw[i][k] = pb[i][k] = A(0);
+  const A inv_n = A(1) / A(n);
+  int round = 0;
+  for (int64_t row = pl.first_row;; row += pl.row_step) {
+    const int64_t cta_first = M == Mode::kRow || kCl ? row - threadIdx.x / lay.threads_per_row : row;
+    if (cta_first >= p.rows) break;
+    const bool live = row < p.rows;
+    Frag<DR, VEC> hf[NV];
+    Frag<DT, VEC> dyf[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (live && col(i) < n) {
+        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(hf[i], static_cast<const DR*>(p.h) + row * p.h_stride + col(i));
+        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(dyf[i], static_cast<const DT*>(p.dy) + row * p.dy_stride + col(i));
+      } else {
+        hf[i].zero();
+        dyf[i].zero();
+      }
+    }
+    const A mean = live && !p.rms ? static_cast<const A*>(p.mean)[row] : A(0);
+    const A rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
+    // sum(g * xhat), sum(g), g = dy * (w + offset)
+    S s{{A(0), A(0)}};
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A xh = (A(hf[i].get(k)) - mean) * rstd, d = A(dyf[i].get(k)), g = d * w[i][k];
+        s.v[0] += g * xh;
+        s.v[1] += g;
+        if constexpr (kPartials) {
+          pw[i][k] += d * xh;
+          pb[i][k] += d;
+        }
+      }
+    if constexpr (M != Mode::kSplitApply) reduce_row<kCl>(s, lay.threads_per_row, sh, round++);
+    if constexpr (M == Mode::kSplitStats) {
+      if (live && threadIdx.x == 0) {
+        work[(row * lay.chunks + pl.chunk) * 2] = s.v[0];
+        work[(row * lay.chunks + pl.chunk) * 2 + 1] = s.v[1];
+      }
+      continue;
+    } else {
+      if constexpr (M == Mode::kSplitApply) {
+        s.v[0] = s.v[1] = A(0);
+        for (int c = 0; c < lay.chunks && live; ++c) {
+          s.v[0] += work[(row * lay.chunks + c) * 2];
+          s.v[1] += work[(row * lay.chunks + c) * 2 + 1];
+        }
+      }
+      if (!live) continue;
+      // dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dh_in (RMSNorm: no mean(g))
+      const A c_gx = s.v[0] * inv_n, c_g = p.rms ? A(0) : s.v[1] * inv_n;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t c = col(i);
+        if (c >= n) continue;
+        Frag<DR, VEC> dhf;
+        if (p.dh) dhf.load(static_cast<const DR*>(p.dh) + row * p.dh_stride + c);
+        A dh[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A xh = (A(hf[i].get(k)) - mean) * rstd, g = A(dyf[i].get(k)) * w[i][k];
+          dh[k] = rstd * (g - c_g - xh * c_gx);
+          if (p.dh) dh[k] += A(dhf.get(k));
+        }
+        if (p.dresidual) store_vec(static_cast<DR*>(p.dresidual) + row * n + c, dh);
+        if (p.dx) {
+          if (dropout) {
+            const uint32_t keep = keep_bits<VEC>(dm, row, c);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) dh[k] = (keep >> k) & 1u ? dh[k] * A(dm.scale) : A(0);
+          }
+          store_vec(static_cast<DT*>(p.dx) + row * n + c, dh);
+        }
+      }
+    }
+  }
+  if constexpr (kPartials) {
+    if (part_w == nullptr) return;
+    // One partial row per CTA: its rows' teams merged in row order.
+    const int tpr = lay.threads_per_row, rows_per_cta = blockDim.x / tpr;
+    const int64_t part = M == Mode::kSplitApply ? int64_t(blockIdx.y) : int64_t(blockIdx.x / lay.cluster);
+    A* sm = reinterpret_cast<A*>(merge_smem);
+    if (rows_per_cta > 1) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          sm[((i * VEC + k) * 2) * blockDim.x + threadIdx.x] = pw[i][k];
+          sm[((i * VEC + k) * 2 + 1) * blockDim.x + threadIdx.x] = pb[i][k];
+        }
+      __syncthreads();
+      if (int(threadIdx.x) >= tpr) return;
+      for (int r = 1; r < rows_per_cta; ++r)
+#pragma unroll
+        for (int i = 0; i < NV; ++i)
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            pw[i][k] += sm[((i * VEC + k) * 2) * blockDim.x + r * tpr + threadIdx.x];
+            pb[i][k] += sm[((i * VEC + k) * 2 + 1) * blockDim.x + r * tpr + threadIdx.x];
+          }
+    }
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = col(i);
+      if (c >= n) continue;
+      store_vec(part_w + part * n + c, pw[i]);
+      if (part_b) store_vec(part_b + part * n + c, pb[i]);
+    }
+  }
+}
+
+// dw[c] = sum over q of part_w[q][c] in a fixed order (and db from part_b):
+// a CTA owns 32 columns; its kFinalizeWarps warps take partial rows w, w +
+// kFinalizeWarps, ... in ascending order, then their sums are added in warp
+// order.  blockIdx.y picks dweight (0) or dbias (1).  nparts == 0 gives zeros.
+constexpr int kFinalizeWarps = 16;
+
+template <typename W, typename A>
+__global__ void __launch_bounds__(kFinalizeWarps * 32)
+add_norm_finalize_kernel(const A* __restrict__ part_w, const A* __restrict__ part_b, int64_t nparts, int64_t n,
+                         W* __restrict__ dw, W* __restrict__ db) {
+  __shared__ A s[kFinalizeWarps][33];
+  const A* part = blockIdx.y == 0 ? part_w : part_b;
+  W* out = blockIdx.y == 0 ? dw : db;
+  if (out == nullptr) return;  // uniform per CTA
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t c = int64_t(blockIdx.x) * 32 + lane;
+  A acc[4] = {A(0), A(0), A(0), A(0)};
+  if (c < n) {
+    int64_t q = warp;
+    for (; q + 3 * kFinalizeWarps < nparts; q += 4 * kFinalizeWarps)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) acc[u] += part[(q + u * kFinalizeWarps) * n + c];
+    for (; q < nparts; q += kFinalizeWarps) acc[0] += part[q * n + c];
+  }
+  s[warp][lane] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  __syncthreads();
+  if (warp != 0 || c >= n) return;
+  A total = A(0);
+  for (int w = 0; w < kFinalizeWarps; ++w) total += s[w][lane];
+  out[c] = from_acc<W>(total);
+}
+
+}  // namespace fln::cuda::add_norm

@@ -1,0 +1,220 @@
+// Launchers of the fused pre-norm kernels: plan.h's plan turned into an
+// instantiation, a grid and a launch on the caller's stream.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "add_norm_cuda.h"
+#include "kernel.cuh"
+#include "plan.h"
+
+namespace fln::cuda {
+
+namespace add_norm {
+
+static_assert(kPlanMaxThreads == kMaxThreads && kPlanMaxCluster == kMaxCluster, "plan.h and kernel.cuh agree");
+
+inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// A launch with the cluster attribute when cluster > 1.
+template <typename... KArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, int cluster, cudaStream_t stream,
+                   Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  if (cluster > 1) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(cluster);
+    attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+    cfg.numAttrs = 1;
+  }
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  const cudaError_t last = cudaGetLastError();  // also clears a failed launch's error
+  return e != cudaSuccess ? e : last;
+}
+
+// CTAs (or clusters) resident at once, cached per kernel, device and shape;
+// 0 when none fits.  Sets the attributes such a launch needs on first use.
+template <typename K>
+int resident(K kernel, const DeviceInfo& dev, int threads, int cluster, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, int, int, size_t>, int> cache;
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  const auto key = std::make_tuple(fn, dev.index, threads, cluster, smem);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  bool ok = true;
+  if (smem > 48 * 1024)
+    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
+  if (ok && cluster > 8)  // 16-CTA clusters are non-portable and enabled per kernel
+    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+  if (ok && cluster == 1) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) n = 0;
+    n *= dev.sm_count;
+  } else if (ok) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3(unsigned(cluster));
+    cfg.blockDim = dim3(unsigned(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(cluster);
+    attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) n = 0;
+  }
+  cudaGetLastError();
+  cache[key] = n;
+  return n;
+}
+
+template <typename T>
+using acc = dacc_t<T>;
+
+// Calls f(std::integral_constant<int, VEC>) for the plan's access width.
+template <typename T, typename F>
+cudaError_t with_vec(int vec, F&& f) {
+  constexpr int kWide = 16 / sizeof(T);
+  if (vec == kWide) return f(std::integral_constant<int, kWide>{});
+  return f(std::integral_constant<int, 1>{});
+}
+
+constexpr unsigned kMaxGridY = 65535;
+
+}  // namespace add_norm
+
+template <typename T, typename W, typename R>
+cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cudaStream_t stream, Workspace ws) {
+  using namespace add_norm;
+  using A = acc<T>;
+  if (p0.rows == 0) return cudaSuccess;
+  AddNormFwdParams p = p0;
+  constexpr int V = 16 / sizeof(T);
+  const bool vec_ok = p.cols % V == 0 && p.x_stride % V == 0 && (!p.residual || p.residual_stride % V == 0) &&
+                      aligned(p.x, 16) && aligned(p.y, 16) && aligned(p.residual, sizeof(R) * V) &&
+                      aligned(p.h, sizeof(R) * V) && aligned(p.w, sizeof(W) * V) && aligned(p.b, sizeof(W) * V) &&
+                      aligned(p.mask, V);
+  add_norm::Plan pl = add_norm::make_plan(p.cols, sizeof(T), vec_ok, false, dev.cc_major);
+  return with_vec<T>(pl.vec, [&](auto vec_tag) -> cudaError_t {
+    constexpr int VEC = decltype(vec_tag)::value;
+    constexpr int NV = accesses_per_thread(false, VEC, sizeof(T));
+    if (pl.accesses != NV) return cudaErrorInvalidConfiguration;  // plan.h and the instantiations disagree
+    Layout lay{pl.threads_per_row, pl.cluster, pl.chunks};
+    if (pl.strategy == Strategy::kCluster) {
+      auto k = &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster>;
+      if (resident(k, dev, pl.cta_threads, pl.cluster, 0) > 0) {
+        const int64_t groups = p.rows < int64_t(INT32_MAX) / pl.cluster ? p.rows : int64_t(INT32_MAX) / pl.cluster;
+        return launch(k, dim3(unsigned(groups * pl.cluster)), pl.cta_threads, 0, pl.cluster, stream, p, lay,
+                      static_cast<A*>(nullptr));
+      }
+      pl = split_plan(pl);
+      lay = Layout{pl.threads_per_row, 1, pl.chunks};
+    }
+    if (pl.strategy == Strategy::kSplit) {
+      A* work = static_cast<A*>(ws.alloc(ws.ctx, size_t(p.rows) * pl.chunks * 3 * sizeof(A)));
+      if (!work) return cudaErrorMemoryAllocation;
+      if (!p.h) {  // the second pass reads h back
+        p.h = ws.alloc(ws.ctx, size_t(p.rows) * p.cols * sizeof(R));
+        if (!p.h) return cudaErrorMemoryAllocation;
+      }
+      const dim3 grid(unsigned(pl.chunks), unsigned(p.rows < kMaxGridY ? p.rows : kMaxGridY));
+      cudaError_t e = launch(&add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kSplitStats>, grid, pl.cta_threads, 0, 1,
+                             stream, p, lay, work);
+      if (e != cudaSuccess) return e;
+      return launch(&add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kSplitApply>, grid, pl.cta_threads, 0, 1, stream, p,
+                    lay, work);
+    }
+    const int rows_per_cta = pl.cta_threads / pl.threads_per_row;
+    int64_t groups = (p.rows + rows_per_cta - 1) / rows_per_cta;
+    if (groups > INT32_MAX) groups = INT32_MAX;
+    return launch(&add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kRow>, dim3(unsigned(groups)), pl.cta_threads, 0, 1,
+                  stream, p, lay, static_cast<A*>(nullptr));
+  });
+}
+
+template <typename T, typename W, typename R>
+cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaStream_t stream, Workspace ws) {
+  using namespace add_norm;
+  using A = acc<T>;
+  const bool want_w = p.dw || p.db;
+  auto finalize = [&](const A* part_w, const A* part_b, int64_t nparts) -> cudaError_t {
+    if (!want_w) return cudaSuccess;
+    const dim3 grid(unsigned((p.cols + 31) / 32), 2);
+    return launch(&add_norm_finalize_kernel<device_t<W>, A>, grid, kFinalizeWarps * 32, 0, 1, stream, part_w,
+                  part_b, nparts, p.cols, static_cast<device_t<W>*>(p.dw), static_cast<device_t<W>*>(p.db));
+  };
+  if (p.rows == 0) return finalize(nullptr, nullptr, 0);
+  constexpr int V = 16 / sizeof(T);
+  const bool vec_ok = p.cols % V == 0 && p.h_stride % V == 0 && p.dy_stride % V == 0 &&
+                      (!p.dh || p.dh_stride % V == 0) && aligned(p.h, sizeof(R) * V) && aligned(p.dy, 16) &&
+                      aligned(p.dh, sizeof(R) * V) && aligned(p.dx, 16) && aligned(p.dresidual, sizeof(R) * V) &&
+                      aligned(p.w, sizeof(W) * V);
+  add_norm::Plan pl = add_norm::make_plan(p.cols, sizeof(T), vec_ok, true, dev.cc_major);
+  return with_vec<T>(pl.vec, [&](auto vec_tag) -> cudaError_t {
+    constexpr int VEC = decltype(vec_tag)::value;
+    constexpr int NV = accesses_per_thread(true, VEC, sizeof(T));
+    if (pl.accesses != NV) return cudaErrorInvalidConfiguration;
+    Layout lay{pl.threads_per_row, pl.cluster, pl.chunks};
+    const int rows_per_cta = pl.cta_threads / pl.threads_per_row;
+    const size_t smem = rows_per_cta > 1 ? size_t(pl.cta_threads) * NV * VEC * 2 * sizeof(A) : 0;
+    auto parts = [&](int64_t groups) -> std::pair<A*, A*> {
+      if (!want_w) return {nullptr, nullptr};
+      A* w = static_cast<A*>(ws.alloc(ws.ctx, size_t(groups) * p.cols * sizeof(A)));
+      A* b = p.db ? static_cast<A*>(ws.alloc(ws.ctx, size_t(groups) * p.cols * sizeof(A))) : nullptr;
+      return {w, b};
+    };
+    if (pl.strategy == Strategy::kCluster) {
+      auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster>;
+      const int64_t res = resident(k, dev, pl.cta_threads, pl.cluster, smem);
+      if (res > 0) {
+        const int64_t groups = p.rows < res ? p.rows : res;
+        auto [pw, pb] = parts(groups);
+        if (want_w && (!pw || (p.db && !pb))) return cudaErrorMemoryAllocation;
+        const cudaError_t e = launch(k, dim3(unsigned(groups * pl.cluster)), pl.cta_threads, smem, pl.cluster,
+                                     stream, p, lay, pw, pb, static_cast<A*>(nullptr));
+        return e == cudaSuccess ? finalize(pw, pb, groups) : e;
+      }
+      pl = split_plan(pl);
+      lay = Layout{pl.threads_per_row, 1, pl.chunks};
+    }
+    if (pl.strategy == Strategy::kSplit) {
+      auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kSplitApply>;
+      const int64_t res = resident(k, dev, pl.cta_threads, 1, 0) / pl.chunks;
+      int64_t groups = p.rows < res ? p.rows : res;
+      if (groups < 1) groups = 1;
+      if (groups > kMaxGridY) groups = kMaxGridY;
+      A* work = static_cast<A*>(ws.alloc(ws.ctx, size_t(p.rows) * pl.chunks * 2 * sizeof(A)));
+      auto [pw, pb] = parts(groups);
+      if (!work || (want_w && (!pw || (p.db && !pb)))) return cudaErrorMemoryAllocation;
+      const dim3 stats_grid(unsigned(pl.chunks), unsigned(p.rows < kMaxGridY ? p.rows : kMaxGridY));
+      cudaError_t e = launch(&add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kSplitStats>, stats_grid, pl.cta_threads,
+                             0, 1, stream, p, lay, static_cast<A*>(nullptr), static_cast<A*>(nullptr), work);
+      if (e != cudaSuccess) return e;
+      e = launch(k, dim3(unsigned(pl.chunks), unsigned(groups)), pl.cta_threads, 0, 1, stream, p, lay, pw, pb, work);
+      return e == cudaSuccess ? finalize(pw, pb, groups) : e;
+    }
+    auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kRow>;
+    const int64_t res = resident(k, dev, pl.cta_threads, 1, smem);
+    if (res == 0) return cudaErrorInvalidConfiguration;
+    const int64_t needed = (p.rows + rows_per_cta - 1) / rows_per_cta;
+    const int64_t groups = needed < res ? needed : res;
+    auto [pw, pb] = parts(groups);
+    if (want_w && (!pw || (p.db && !pb))) return cudaErrorMemoryAllocation;
+    const cudaError_t e =
+        launch(k, dim3(unsigned(groups)), pl.cta_threads, smem, 1, stream, p, lay, pw, pb, static_cast<A*>(nullptr));
+    return e == cudaSuccess ? finalize(pw, pb, groups) : e;
+  });
+}
+
+}  // namespace fln::cuda

@@ -1,0 +1,81 @@
+// The launch rule of the fused pre-norm kernels (kernel.cuh), forward and
+// backward: a pure function of the row's size in bytes and the device.
+#pragma once
+#include <cstdint>
+
+namespace fln::cuda::add_norm {
+
+enum class Strategy { kRow, kCluster, kSplit };
+
+struct Plan {
+  Strategy strategy = Strategy::kRow;
+  int vec = 1;               // elements per access: 16 bytes where every pointer and stride allows
+  int accesses = 1;          // accesses a thread holds per row (the kernel's NV)
+  int threads_per_row = 1;   // of one CTA
+  int cta_threads = 128;
+  int cluster = 1;           // kCluster: CTAs on a row
+  int chunks = 1;            // kSplit: CTAs on a row, each reading its slice twice
+};
+
+// A thread's slice of a row, held in registers: 64 bytes of x in the
+// forward (four 16-byte loads in flight at 16-bit and fp32); 8 elements in the
+// backward, whose fp32 dweight / dbias partials and weights take 24 more
+// registers over the whole grid-stride loop.  Both fit 64 registers, so two
+// CTAs of kPlanMaxThreads share an SM.
+constexpr int kFwdThreadBytes = 64;
+constexpr int kBwdThreadElems = 8;
+constexpr int kMaxAccesses = 8;
+// Short rows share a CTA of this many threads, a team of lanes each; longer
+// rows take a CTA of whole warps, up to kPlanMaxThreads (two CTAs an SM, so one
+// CTA's loads overlap another's reductions).
+constexpr int kShortRowCta = 128;
+constexpr int kPlanMaxThreads = 512;
+// Past one CTA, sm_90 spreads a row over a cluster of up to 16 CTAs; past
+// that (or before sm_90) over CTAs that meet through global memory.
+constexpr int kPlanMaxCluster = 16;
+
+constexpr int accesses_per_thread(bool bwd, int vec, int elem_bytes) {
+  const int n = bwd ? kBwdThreadElems / vec : kFwdThreadBytes / (vec * elem_bytes);
+  return n < 1 ? 1 : n > kMaxAccesses ? kMaxAccesses : n;
+}
+
+inline int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+inline Plan make_plan(int64_t cols, int elem_bytes, bool vec_ok, bool bwd, int cc_major) {
+  Plan p;
+  p.vec = vec_ok ? 16 / elem_bytes : 1;
+  p.accesses = accesses_per_thread(bwd, p.vec, elem_bytes);
+  const int64_t accesses = (cols + p.vec - 1) / p.vec;
+  const int64_t threads = (accesses + p.accesses - 1) / p.accesses;
+  if (threads <= 32) {
+    p.threads_per_row = next_pow2(threads);
+    p.cta_threads = kShortRowCta;
+    return p;
+  }
+  const int64_t ctas = (threads + kPlanMaxThreads - 1) / kPlanMaxThreads;
+  p.threads_per_row = int(((threads + ctas - 1) / ctas + 31) / 32 * 32);
+  p.cta_threads = p.threads_per_row;
+  if (ctas == 1) return p;
+  if (cc_major >= 9 && ctas <= kPlanMaxCluster) {
+    p.strategy = Strategy::kCluster;
+    p.cluster = int(ctas);
+  } else {
+    p.strategy = Strategy::kSplit;
+    p.chunks = int(ctas);
+  }
+  return p;
+}
+
+// The split strategy for a row whose cluster cannot be scheduled.
+inline Plan split_plan(Plan p) {
+  p.strategy = Strategy::kSplit;
+  p.chunks = p.cluster;
+  p.cluster = 1;
+  return p;
+}
+
+}  // namespace fln::cuda::add_norm
