@@ -116,7 +116,7 @@ FwdOut add_norm_fwd_impl(const AddNormBackend& be, const Tensor& input, const Op
   p.mask = store_mask && dropout ? static_cast<uint8_t*>(mask.mutable_data_ptr()) : nullptr;
   p.eps = eps ? *eps : rms ? default_rms_eps(input.scalar_type()) : 1e-5;
   p.weight_offset = float(weight_offset);
-  p.dropout_p = float(dropout_p);
+  p.dropout_p = dropout_p;
   p.rms = rms;
   if (dropout) {
     p.rng = be.draw(gen, input);
@@ -164,7 +164,7 @@ BwdOut add_norm_bwd_impl(const AddNormBackend& be, const Tensor& grad_out, const
   p.dw = dw.defined() ? dw.mutable_data_ptr() : nullptr;
   p.db = db.defined() ? db.mutable_data_ptr() : nullptr;
   p.weight_offset = float(weight_offset);
-  p.dropout_p = float(dropout_p);
+  p.dropout_p = dropout_p;
   p.rms = rms;
   if (rng_c.defined()) {  // the forward's seed and offset, read on the device
     p.rng.seed_ptr = rng_c.const_data_ptr<int64_t>();

@@ -37,7 +37,7 @@ inline std::vector<A> load_param(const void* p, int64_t n, A fill, A add = A(0))
 }
 
 template <typename A>
-inline DropoutMask host_mask(const DropoutRng& rng, int64_t cols, float p) {
+inline DropoutMask host_mask(const DropoutRng& rng, int64_t cols, double p) {
   const uint64_t seed = rng.seed_ptr ? uint64_t(*rng.seed_ptr) : rng.seed;
   const uint64_t offset = rng.offset_ptr ? uint64_t(*rng.offset_ptr) + rng.offset_extra : rng.offset;
   return DropoutMask::make(seed, offset, cols, p);
@@ -53,7 +53,7 @@ void add_norm_fwd(const AddNormFwdParams& p, ParallelFor&& parallel_for) {
   using namespace add_norm_detail;
   using A = acc_t<T>;
   const int64_t n = p.cols;
-  const bool dropout = p.dropout_p > 0.f;
+  const bool dropout = p.dropout_p > 0.0;
   const DropoutMask dm = dropout ? host_mask<A>(p.rng, n, p.dropout_p) : DropoutMask{};
   if (p.rng_out) {
     p.rng_out[0] = int64_t(dm.seed);
@@ -80,7 +80,8 @@ void add_norm_fwd(const AddNormFwdParams& p, ParallelFor&& parallel_for) {
         if (p.h) static_cast<R*>(p.h)[r * n + i] = hr;
         h[i] = load_as<A>(hr);
       }
-      const A mean = p.rms ? A(0) : sum8<A>(n, [&](int64_t i) { return h[i]; }) / A(n);
+      // Shifted by the first element: exact for constant rows.
+      const A mean = p.rms ? A(0) : h[0] + sum8<A>(n, [&](int64_t i) { return h[i] - h[0]; }) / A(n);
       const A var = sum8<A>(n, [&](int64_t i) { return (h[i] - mean) * (h[i] - mean); }) / A(n);
       const A rstd = A(1) / std::sqrt(var + A(p.eps));
       T* y = static_cast<T*>(p.y) + r * n;
@@ -96,7 +97,7 @@ void add_norm_bwd(const AddNormBwdParams& p, ParallelFor&& parallel_for) {
   using namespace add_norm_detail;
   using A = acc_t<T>;
   const int64_t n = p.cols, rows = p.rows;
-  const bool dropout = p.dropout_p > 0.f;
+  const bool dropout = p.dropout_p > 0.0;
   const DropoutMask dm = dropout ? host_mask<A>(p.rng, n, p.dropout_p) : DropoutMask{};
   const std::vector<A> w = load_param<W, A>(p.w, n, A(1), A(p.weight_offset));
   const bool want_w = p.dw || p.db;

@@ -39,7 +39,7 @@ struct AddNormFwdParams {
   int64_t* rng_out = nullptr;       // [2]: the seed and offset used, stored when set (for the backward)
   double eps = 1e-5;
   float weight_offset = 0.f;
-  float dropout_p = 0.f;            // 0: no dropout (bitwise the plain path); 1: every element dropped
+  double dropout_p = 0;             // 0: no dropout (bitwise the plain path); 1: every element dropped
   DropoutRng rng;
   bool rms = false;
 };
@@ -61,7 +61,7 @@ struct AddNormBwdParams {
   void* dw = nullptr;               // [cols] of W
   void* db = nullptr;               // [cols] of W
   float weight_offset = 0.f;
-  float dropout_p = 0.f;
+  double dropout_p = 0;
   DropoutRng rng;
   bool rms = false;
 };

@@ -59,9 +59,9 @@ struct DropoutMask {
   uint64_t seed = 0, offset = 0;
   int64_t padded_cols = 0;  // cols rounded up to a multiple of 4
   uint32_t threshold = 0;   // keep below this; p == 1 keeps none
-  float scale = 0.f;        // 1 / (1 - p); 0 when p == 1
+  double scale = 0;         // 1 / (1 - p); 0 when p == 1
 
-  FLN_HD static DropoutMask make(uint64_t seed, uint64_t offset, int64_t cols, float p) {
+  FLN_HD static DropoutMask make(uint64_t seed, uint64_t offset, int64_t cols, double p) {
     DropoutMask m;
     m.seed = seed;
     m.offset = offset;
@@ -69,7 +69,7 @@ struct DropoutMask {
     const double keep = 1.0 - double(p);
     const double t = keep * 4294967296.0;
     m.threshold = t >= 4294967295.0 ? 4294967295u : uint32_t(t);
-    m.scale = p >= 1.f ? 0.f : float(1.0 / keep);
+    m.scale = p >= 1.0 ? 0.0 : 1.0 / keep;
     return m;
   }
   // The four draws of the block holding (row, col).

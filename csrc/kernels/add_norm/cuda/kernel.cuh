@@ -32,11 +32,12 @@ struct Layout {
   int chunks = 1;           // kSplit*: CTAs on a row (gridDim.x)
 };
 
-// Statistics of a slice of a row, merged by a pairwise rule that is
-// symmetric in its operands, so both partners of a butterfly step get the
-// same bits and every thread of a row ends with identical statistics.
-// LayerNorm: (count, mean, M2) merged by Chan et al.'s rule, one algorithm for
-// every row strategy (each thread starts with a two-pass over its registers).
+// Statistics of a slice of a row, merged pairwise in a fixed order.
+// LayerNorm: (count, mean, M2), each thread starting from a pass over its
+// registers shifted by its first element, then merged by Chan et al.'s rule,
+// mean = mean_a + (mean_b - mean_a) * n_b / n: one algorithm for every row
+// strategy, exact for constant rows (every difference is zero).  Partners of
+// a butterfly may round differently by an ulp; each result is deterministic.
 // RMSNorm and the backward: plain sums.
 template <typename A, int K, bool kWelford>
 struct Stats {
@@ -44,11 +45,10 @@ struct Stats {
   __device__ __forceinline__ void merge(const Stats& o) {
     if constexpr (kWelford) {
       const A n = v[0] + o.v[0];
-      const A inv = n > A(0) ? A(1) / n : A(0);
+      const A wb = n > A(0) ? o.v[0] / n : A(0);
       const A d = o.v[1] - v[1];
-      const A mean = (v[0] * v[1] + o.v[0] * o.v[1]) * inv;
-      v[2] = v[2] + o.v[2] + d * d * (v[0] * o.v[0] * inv);
-      v[1] = mean;
+      v[2] = v[2] + o.v[2] + d * d * v[0] * wb;
+      v[1] = v[1] + d * wb;
       v[0] = n;
     } else {
 #pragma unroll
@@ -105,6 +105,7 @@ __device__ __forceinline__ void reduce_row(Stats<A, K, W>& s, int threads_per_ro
       for (int k = 0; k < K; ++k) t.v[k] = sh.warp[buf][lane % 16][k];
     s = butterfly16(t);
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters: sm_90 (plan.h plans none before)
   if constexpr (kCluster) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
@@ -123,6 +124,7 @@ __device__ __forceinline__ void reduce_row(Stats<A, K, W>& s, int threads_per_ro
     }
     s = butterfly16(t);
   }
+#endif
 }
 
 // A thread's place on its rows.
@@ -146,7 +148,7 @@ __device__ __forceinline__ Place place(const Layout& lay) {
     pl.leader = blockIdx.x == 0 && threadIdx.x == 0;
   } else {
     int rank = 0;
-    if constexpr (M == Mode::kCluster) rank = int(cooperative_groups::this_cluster().block_rank());
+    if constexpr (M == Mode::kCluster) rank = cluster_rank_or_zero(lay.cluster);
     const int rows_per_cta = blockDim.x / tpr, row_in_cta = threadIdx.x / tpr, lane = threadIdx.x % tpr;
     const int64_t group = blockIdx.x / lay.cluster, groups = gridDim.x / lay.cluster;
     pl.chunk = 0;
@@ -179,7 +181,7 @@ __device__ __forceinline__ uint32_t keep_bits(const DropoutMask& dm, int64_t row
   return bits;
 }
 
-__device__ __forceinline__ DropoutMask device_mask(const DropoutRng& rng, int64_t cols, float p) {
+__device__ __forceinline__ DropoutMask device_mask(const DropoutRng& rng, int64_t cols, double p) {
   const uint64_t seed = rng.seed_ptr ? uint64_t(*rng.seed_ptr) : rng.seed;
   const uint64_t offset = rng.offset_ptr ? uint64_t(*rng.offset_ptr) + rng.offset_extra : rng.offset;
   return DropoutMask::make(seed, offset, cols, p);
@@ -220,7 +222,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
   auto col = [&](int i) { return int64_t(i * pl.row_threads + pl.t) * VEC; };
-  const bool dropout = p.dropout_p > 0.f;
+  const bool dropout = p.dropout_p > 0.0;
   DropoutMask dm{};
   if (dropout) dm = device_mask(p.rng, n, p.dropout_p);
   if (p.rng_out && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
@@ -301,15 +303,16 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     } else {
       S s;
       int cnt = 0;
+      const A shift = A(h[0].get(0));  // this thread's first element (0 where it has none)
       A sum = A(0);
 #pragma unroll
       for (int i = 0; i < NV; ++i)
         if (col(i) < n)
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) sum += h[i].get(k);
+          for (int k = 0; k < VEC; ++k) sum += A(h[i].get(k)) - shift;
 #pragma unroll
       for (int i = 0; i < NV; ++i) cnt += live && col(i) < n ? VEC : 0;
-      const A m = cnt ? sum / A(cnt) : A(0);
+      const A m = cnt ? shift + sum / A(cnt) : A(0);
       A m2 = A(0);
 #pragma unroll
       for (int i = 0; i < NV; ++i)
@@ -386,7 +389,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
   auto col = [&](int i) { return int64_t(i * pl.row_threads + pl.t) * VEC; };
-  const bool dropout = p.dropout_p > 0.f;
+  const bool dropout = p.dropout_p > 0.0;
   DropoutMask dm{};
   if (dropout) dm = device_mask(p.rng, n, p.dropout_p);
   const A woff = A(p.weight_offset);

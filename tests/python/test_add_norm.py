@@ -1,0 +1,358 @@
+"""The fused pre-norm op: h = dropout(x) + residual, y = norm(h) * (weight + weight_offset) + bias.
+
+Every result is compared with a float64 reference on fresh random inputs; the
+reference normalizes h rounded to its dtype, as the op does (y normalizes the
+h it returns).  The dropout mask comes back through return_dropout_mask and
+the reference applies that mask."""
+import math
+
+import pytest
+import torch
+
+import fused_layernorm as fl
+from helpers import ATOL, RTOL, dtype_name, generator, poison_cuda_cache, randn, requires_cuda, unit_roundoff
+
+ops = torch.ops.fused_layernorm
+
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def _norm(kind, h, w, b, eps, offset):
+    if kind == "ln":
+        mean = h.mean(-1, keepdim=True)
+        var = (h - mean).square().mean(-1, keepdim=True)
+        y = (h - mean) * torch.rsqrt(var + eps)
+    else:
+        y = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps)
+    scale = (w.double() if w is not None else torch.ones((), dtype=torch.float64, device=h.device)) + offset
+    y = y * scale
+    if b is not None:
+        y = y + b.double()
+    return y
+
+
+def reference(kind, x, residual, w, b, eps, *, mask=None, p=0.0, offset=0.0, h_dtype=None):
+    """(y, h) in float64 with autograd; h rounded to h_dtype straight-through."""
+    h = x.double()
+    if mask is not None:
+        h = h * mask.double() / (1.0 - p) if p < 1 else h * 0
+    if residual is not None:
+        h = h + residual.double()
+    h_dtype = h_dtype or (residual.dtype if residual is not None else x.dtype)
+    h = h + (h.detach().to(h_dtype).double() - h.detach())
+    return _norm(kind, h, w, b, eps, offset), h
+
+
+def check(actual, expected, dtype, n, *, scale=1.0, what="y"):
+    """|actual - expected| <= atol + rtol |expected| + u (8 + sqrt(n)) * scale, element-wise."""
+    assert actual.dtype == dtype, f"{what}: dtype {actual.dtype}, expected {dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
+    a = actual.detach().double().cpu()
+    e = expected.detach().to(dtype).double().cpu()
+    assert torch.isfinite(a).all(), f"{what}: non-finite values"
+    u = unit_roundoff(dtype) if dtype == torch.float64 else 2.0**-24
+    tol = ATOL[dtype] + RTOL[dtype] * e.abs() + 16 * u * (8 + math.sqrt(n)) * scale
+    err = (a - e).abs()
+    assert (err <= tol).all(), f"{what} ({dtype_name(dtype)}): max err {err.max().item():.3e}, worst err/tol {(err / tol).max().item():.2f}"
+
+
+def _inputs(shape, dtype, device, seed, *, residual=True, h_dtype=None, weight=True, bias=True, kind="ln"):
+    gen = generator(seed)
+    n = shape[-1]
+    x = randn(shape, dtype=dtype, device=device, gen=gen, scale=2.0, offset=0.5)
+    r = randn(shape, dtype=h_dtype or dtype, device=device, gen=gen, scale=1.5, offset=0.5) if residual else None
+    w = randn((n,), dtype=dtype, device=device, gen=gen, scale=0.5, offset=1.0) if weight else None
+    b = randn((n,), dtype=dtype, device=device, gen=gen, scale=0.5) if bias and kind == "ln" else None
+    dy = randn(shape, dtype=dtype, device=device, gen=gen)
+    dh = randn(shape, dtype=h_dtype or dtype, device=device, gen=gen, scale=0.5)
+    return x, r, w, b, dy, dh
+
+
+def _run(kind, x, r, w, b, eps, **kw):
+    fn = fl.layer_norm if kind == "ln" else fl.rms_norm
+    if kind == "ln":
+        return fn(x, x.shape[-1:], w, b, eps, residual=r, **kw)
+    return fn(x, x.shape[-1:], w, eps, residual=r, **kw)
+
+
+def _leaves(*ts):
+    return [None if t is None else t.detach().clone().requires_grad_() for t in ts]
+
+
+HIDDEN = [1, 3, 8, 127, 256, 1000, 1024, 5120]
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_residual_forward_backward(kind, dtype, hidden, device, seed):
+    """y, h and every gradient (the gradient flowing into h included) against float64."""
+    shape = (3, 5, hidden)
+    x, r, w, b, dy, dh = _inputs(shape, dtype, device, seed, kind=kind)
+    eps = 1e-5
+    xl, rl, wl, bl = _leaves(x, r, w, b)
+    if device == "cuda":
+        poison_cuda_cache(*(2 * [x.numel() * x.element_size()]))
+    y, h = _run(kind, xl, rl, wl, bl, eps, weight_offset=0.25, return_residual=True)
+    torch.autograd.backward([y, h], [dy, dh])
+    xr, rr, wr, br = _leaves(x, r, w, b)
+    ye, he = reference(kind, xr, rr, wr, br, eps, offset=0.25)
+    torch.autograd.backward([ye, he], [dy.double(), dh.double()])
+    check(h, he, dtype, 1, what="h")
+    check(y, ye, dtype, hidden, scale=4.0, what="y")
+    gscale = float(dy.abs().max()) * 8
+    check(xl.grad, xr.grad, dtype, hidden, scale=gscale, what="dx")
+    check(rl.grad, rr.grad, dtype, hidden, scale=gscale, what="dresidual")
+    rows = x.numel() // hidden
+    check(wl.grad, wr.grad, dtype, hidden * rows, scale=gscale * 4, what="dweight")
+    if bl is not None:
+        check(bl.grad, br.grad, dtype, rows, scale=gscale, what="dbias")
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_name)
+@pytest.mark.parametrize("hidden", [64, 4096])
+def test_fp32_residual_stream(kind, dtype, hidden, device, seed):
+    """residual_dtype=float32 with 16-bit activations: h and dresidual come back in float32."""
+    shape = (6, hidden)
+    x, r, w, b, dy, dh = _inputs(shape, dtype, device, seed, h_dtype=torch.float32, kind=kind)
+    xl, rl, wl, bl = _leaves(x, r, w, b)
+    y, h = _run(kind, xl, rl, wl, bl, 1e-5, residual_dtype=torch.float32, return_residual=True)
+    assert h.dtype == torch.float32 and y.dtype == dtype
+    torch.autograd.backward([y, h], [dy, dh])
+    xr, rr, wr, br = _leaves(x, r, w, b)
+    ye, he = reference(kind, xr, rr, wr, br, 1e-5, h_dtype=torch.float32)
+    torch.autograd.backward([ye, he], [dy.double(), dh.double()])
+    check(h, he, torch.float32, 1, what="h")
+    check(y, ye, dtype, hidden, scale=4.0, what="y")
+    check(rl.grad, rr.grad, torch.float32, hidden, scale=16.0, what="dresidual")
+    check(xl.grad, xr.grad, dtype, hidden, scale=16.0, what="dx")
+
+
+def _dropout_case(kind, dtype, device, seed, p, hidden=1000, rows=16):
+    x, r, w, b, dy, dh = _inputs((rows, hidden), dtype, device, seed, kind=kind)
+    xl, rl, wl, bl = _leaves(x, r, w, b)
+    torch.manual_seed(seed)
+    y, h, mask = _run(kind, xl, rl, wl, bl, 1e-5, dropout_p=p, return_residual=True, return_dropout_mask=True)
+    torch.autograd.backward([y, h], [dy, dh])
+    xr, rr, wr, br = _leaves(x, r, w, b)
+    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=p)
+    torch.autograd.backward([ye, he], [dy.double(), dh.double()])
+    return (y, h, mask, xl, rl, wl), (ye, he, xr, rr, wr)
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_dropout_matches_its_mask(kind, dtype, device, seed):
+    """Forward and backward equal the reference built from the returned mask: the
+    backward regenerates the forward's mask."""
+    p = 0.3
+    (y, h, mask, xl, rl, wl), (ye, he, xr, rr, wr) = _dropout_case(kind, dtype, device, seed, p)
+    assert mask.dtype == torch.bool and mask.shape == y.shape
+    check(h, he, dtype, 1, scale=4.0, what="h")
+    check(y, ye, dtype, y.shape[-1], scale=4.0, what="y")
+    check(xl.grad, xr.grad, dtype, y.shape[-1], scale=32.0, what="dx")
+    check(rl.grad, rr.grad, dtype, y.shape[-1], scale=32.0, what="dresidual")
+    assert not xl.grad[~mask].any(), "dx must be zero where x was dropped"
+
+
+def test_dropout_statistics(device):
+    """The keep rate is 1 - p, and dropout(x) has mean x and variance p / (1 - p) x^2."""
+    n, p = 1 << 20, 0.25
+    x = torch.ones(64, n // 64, device=device)
+    _, h, mask = fl.layer_norm(x, x.shape[-1:], dropout_p=p, return_residual=True, return_dropout_mask=True)
+    keep = mask.double().mean().item()
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(keep - (1 - p)) < 6 * sigma, keep
+    hd = h.double()
+    assert abs(hd.mean().item() - 1.0) < 6 * math.sqrt(p / (1 - p) / n)
+    assert abs(hd.var().item() - p / (1 - p)) < 0.02
+    values = torch.unique(hd).tolist()
+    assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(1 / (1 - p))
+
+
+def test_dropout_seeded(device):
+    """torch.manual_seed reproduces a mask; the generator advances between calls; an
+    explicit generator is used when given."""
+    x = torch.randn(8, 512, device=device)
+
+    def masks(**kw):
+        return fl.rms_norm(x, [512], dropout_p=0.5, return_dropout_mask=True, **kw)[1]
+
+    torch.manual_seed(7)
+    a1, a2 = masks(), masks()
+    torch.manual_seed(7)
+    b1, b2 = masks(), masks()
+    assert torch.equal(a1, b1) and torch.equal(a2, b2)
+    assert not torch.equal(a1, a2)
+    g = torch.Generator(device=device)
+    g.manual_seed(3)
+    c1 = masks(generator=g)
+    g.manual_seed(3)
+    assert torch.equal(c1, masks(generator=g))
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_dropout_zero_is_bitwise_plain(kind, device, seed):
+    """dropout_p=0 gives bitwise the no-dropout result; p=1 drops x entirely."""
+    x, r, w, b, _, _ = _inputs((4, 384), torch.bfloat16, device, seed, kind=kind)
+    y0, h0 = _run(kind, x, r, w, b, 1e-5, return_residual=True)
+    y1, h1 = _run(kind, x, r, w, b, 1e-5, dropout_p=0.0, return_residual=True)
+    assert torch.equal(y0, y1) and torch.equal(h0, h1)
+    xl, rl = _leaves(x, r)
+    y, h = _run(kind, xl, rl, w, b, 1e-5, dropout_p=1.0, return_residual=True)
+    assert torch.equal(h, r)
+    y.float().sum().backward()
+    assert not xl.grad.any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_plain_equals_layer_norm(dtype, device, seed):
+    """Without residual or dropout (weight_offset only) the fused op is LayerNorm of x."""
+    x, _, w, b, _, _ = _inputs((7, 200), dtype, device, seed, residual=False)
+    y = fl.layer_norm(x, [200], w, b, weight_offset=0.5)
+    ye, _ = reference("ln", x, None, w, b, 1e-5, offset=0.5)
+    check(y, ye, dtype, 200, scale=4.0)
+
+
+def test_constant_rows_give_the_bias(device):
+    """A constant row has zero variance: y is the bias to fp32 rounding."""
+    n = 4096
+    x = torch.full((4, n), 3.1, device=device)
+    r = torch.full((4, n), 0.7, device=device)
+    b = torch.randn(n, device=device)
+    w = torch.randn(n, device=device)
+    y = fl.layer_norm(x, [n], w, b, residual=r)
+    assert (y - b).abs().max().item() <= 4 * torch.finfo(torch.float32).eps * b.abs().max().item() + 1e-6
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_gradcheck_with_dropout(kind, device):
+    """fp64 gradcheck with the mask held fixed (a fresh generator of the same seed each call)."""
+    x, r, w, b, _, _ = _inputs((3, 24), torch.float64, device, 11, kind=kind)
+    x, r, w = (t.requires_grad_() for t in (x, r, w))
+    args = [x, r, w] + ([b.requires_grad_()] if kind == "ln" else [])
+
+    def f(x, r, w, b=None):
+        g = torch.Generator(device=device)
+        g.manual_seed(5)
+        return _run(kind, x, r, w, b, 1e-5, dropout_p=0.4, weight_offset=0.5, generator=g, return_residual=True)
+
+    assert torch.autograd.gradcheck(f, args)
+
+
+def test_errors(device):
+    x = torch.randn(4, 16, device=device)
+    with pytest.raises(ValueError, match="residual must have the input's shape"):
+        fl.layer_norm(x, [16], residual=torch.randn(4, 8, device=device))
+    with pytest.raises(ValueError, match="dropout_p"):
+        fl.layer_norm(x, [16], dropout_p=1.5)
+    with pytest.raises(ValueError, match="residual_dtype"):
+        fl.layer_norm(x, [16], residual_dtype=torch.float16)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        fl.rms_norm(x, [8], residual=x)
+
+
+def test_inputs_not_modified(device, seed):
+    x, r, w, b, _, _ = _inputs((5, 96), torch.float32, device, seed)
+    copies = [t.clone() for t in (x, r, w, b)]
+    fl.layer_norm(x, [96], w, b, residual=r, dropout_p=0.2, return_residual=True)
+    assert all(torch.equal(a, c) for a, c in zip((x, r, w, b), copies))
+
+
+def test_strided_inputs(device, seed):
+    """Row-sliced x and residual are read through their row stride."""
+    big, rbig, w, b, _, _ = _inputs((6, 160), torch.float32, device, seed)
+    x, r = big[:, :128], rbig[:, 32:]
+    y, h = fl.layer_norm(x, [128], w[:128], b[:128], residual=r, return_residual=True)
+    ye, he = reference("ln", x, r, w[:128], b[:128], 1e-5)
+    check(y, ye, torch.float32, 128, scale=4.0)
+    check(h, he, torch.float32, 1)
+
+
+# --- the torch contract ------------------------------------------------------------------
+
+
+def test_opcheck(device, seed):
+    x, r, w, b, _, _ = _inputs((4, 3, 40), torch.float32, device, seed)
+    x, r, w, b = (t.requires_grad_() for t in (x, r, w, b))
+    torch.library.opcheck(ops.add_norm.default, (x, r, [40], w, b, 1e-5, False, 0.0, 0.5, None, True, False, None))
+    xb = x.detach().bfloat16().requires_grad_()
+    torch.library.opcheck(ops.add_norm.default,
+                          (xb, r, [40], w.detach().bfloat16(), None, None, True, 0.0, 0.0, torch.float32, True, False, None))
+
+
+def test_compile_fullgraph(device, seed):
+    torch._dynamo.reset()
+    x, r, w, b, dy, dh = _inputs((4, 256), torch.float32, device, seed)
+
+    def f(x, r, w, b):
+        y, h = fl.layer_norm(x, [256], w, b, residual=r, return_residual=True, weight_offset=1.0)
+        return y * 2, h
+
+    compiled = torch.compile(f, fullgraph=True)
+    outs = []
+    for fn in (f, compiled):
+        xl, rl, wl, bl = _leaves(x, r, w, b)
+        y, h = fn(xl, rl, wl, bl)
+        torch.autograd.backward([y, h], [dy, dh])
+        outs.append([y.detach(), h.detach(), xl.grad, rl.grad, wl.grad, bl.grad])
+    for a, e in zip(*outs):
+        torch.testing.assert_close(a, e)
+    torch._dynamo.reset()
+
+
+@requires_cuda
+def test_cuda_graph_replay_advances_the_mask():
+    """A captured call draws a new mask at every replay, as torch's dropout does."""
+    x = torch.randn(16, 1024, device="cuda")
+    static = {}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fl.layer_norm(x, [1024], dropout_p=0.5, return_dropout_mask=True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static["y"], static["mask"] = fl.layer_norm(x, [1024], dropout_p=0.5, return_dropout_mask=True)
+    masks = []
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        masks.append(static["mask"].clone())
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    for m in masks:
+        assert abs(m.float().mean().item() - 0.5) < 0.02
+
+
+@requires_cuda
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 20000), (torch.bfloat16, 70000), (torch.float32, 36864),
+                                          (torch.bfloat16, 300000), (torch.float32, 300000), (torch.bfloat16, 8200)])
+def test_long_rows(kind, dtype, hidden, seed):
+    """Rows held by a cluster, and rows split over CTAs (inputs read twice), forward and backward."""
+    x, r, w, b, dy, dh = _inputs((3, hidden), dtype, "cuda", seed, kind=kind)
+    xl, rl, wl, bl = _leaves(x, r, w, b)
+    torch.manual_seed(seed)
+    y, h, mask = _run(kind, xl, rl, wl, bl, 1e-5, dropout_p=0.1, return_residual=True, return_dropout_mask=True)
+    torch.autograd.backward([y, h], [dy, dh])
+    xr, rr, wr, br = _leaves(x, r, w, b)
+    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=0.1)
+    torch.autograd.backward([ye, he], [dy.double(), dh.double()])
+    check(y, ye, dtype, hidden, scale=4.0, what="y")
+    check(xl.grad, xr.grad, dtype, hidden, scale=64.0, what="dx")
+    check(wl.grad, wr.grad, dtype, hidden * 3, scale=64.0, what="dweight")
+
+
+@requires_cuda
+def test_deterministic_weight_gradients(seed):
+    x, r, w, b, dy, _ = _inputs((4096, 768), torch.bfloat16, "cuda", seed)
+    grads = []
+    for _ in range(2):
+        xl, rl, wl, bl = _leaves(x, r, w, b)
+        torch.manual_seed(0)
+        y = fl.layer_norm(xl, [768], wl, bl, residual=rl, dropout_p=0.1)
+        y.backward(dy)
+        grads.append((wl.grad, bl.grad, xl.grad))
+    for a, e in zip(*grads):
+        assert torch.equal(a, e)
