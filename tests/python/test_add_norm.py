@@ -328,7 +328,8 @@ def test_cuda_graph_replay_advances_the_mask():
 @requires_cuda
 @pytest.mark.parametrize("kind", ["ln", "rms"])
 @pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 20000), (torch.bfloat16, 70000), (torch.float32, 36864),
-                                          (torch.bfloat16, 300000), (torch.float32, 300000), (torch.bfloat16, 8200)])
+                                          (torch.bfloat16, 300000), (torch.float32, 300000), (torch.bfloat16, 8200),
+                                          (torch.bfloat16, 65536), (torch.float32, 16384)])
 def test_long_rows(kind, dtype, hidden, seed):
     """Rows held by a cluster, and rows split over CTAs (inputs read twice), forward and backward."""
     x, r, w, b, dy, dh = _inputs((3, hidden), dtype, "cuda", seed, kind=kind)

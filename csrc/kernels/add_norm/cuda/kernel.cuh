@@ -18,6 +18,7 @@
 #include "../../cuda/common.cuh"
 #include "../params.h"
 #include "../philox.h"
+#include "plan.h"
 
 namespace fln::cuda::add_norm {
 
@@ -124,6 +125,15 @@ __device__ __forceinline__ void reduce_row(Stats<A, K, W>& s, int threads_per_ro
     }
     s = butterfly16(t);
   }
+#endif
+}
+
+// A CTA of a cluster must not exit while another may still read its shared
+// memory (the last reduction): the cluster meets once more at the end.
+template <bool kCluster>
+__device__ __forceinline__ void cluster_done() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kCluster) cooperative_groups::this_cluster().sync();
 #endif
 }
 
@@ -366,6 +376,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
       store_vec(static_cast<DT*>(p.y) + row * n + c, y);
     }
   }
+  cluster_done<kCl>();
 }
 
 // ---------------------------------------------------------------------------
@@ -376,7 +387,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
 // workspace ([rows][chunks][2]), the second finishes the row.
 // ---------------------------------------------------------------------------
 template <typename T, typename W, typename R, int VEC, int NV, Mode M>
-__global__ void __launch_bounds__(kMaxThreads, 2)
+__global__ void FLN_MAX_REGS(NV * VEC > kBwdThreadElems ? kBwdLongRowRegs : kBwdRegs)
 add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>* part_b, dacc_t<T>* work) {
   using A = dacc_t<T>;
   using DT = device_t<T>;
@@ -390,18 +401,14 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
   const int64_t n = p.cols;
   auto col = [&](int i) { return int64_t(i * pl.row_threads + pl.t) * VEC; };
   const bool dropout = p.dropout_p > 0.0;
-  DropoutMask dm{};
-  if (dropout) dm = device_mask(p.rng, n, p.dropout_p);
   const A woff = A(p.weight_offset);
-  // This thread's columns are the same in every row: weights in registers.
-  A w[NV][VEC];
+  // This thread's columns are the same in every row: its weights stay in
+  // registers, packed (1 without a weight, offset added at use).
+  Frag<DW, VEC> w[NV];
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
-    Frag<DW, VEC> wf;
-    const bool has = p.w && col(i) < n;
-    if (has) wf.load(static_cast<const DW*>(p.w) + col(i));
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) w[i][k] = (has ? A(wf.get(k)) : A(1)) + woff;
+    if (p.w && col(i) < n) w[i].load(static_cast<const DW*>(p.w) + col(i));
+    else w[i].one();
   }
   constexpr bool kPartials = M != Mode::kSplitStats;
   A pw[kPartials ? NV : 1][VEC], pb[kPartials ? NV : 1][VEC];
@@ -411,31 +418,51 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
     for (int k = 0; k < VEC; ++k) pw[i][k] = pb[i][k] = A(0);
   const A inv_n = A(1) / A(n);
   int round = 0;
+  // One row's inputs.  The next row's are loaded before this row is reduced
+  // and written, so its DRAM latency overlaps the reduction and the stores.
+  struct RowIn {
+    Frag<DR, VEC> h[NV];
+    Frag<DT, VEC> dy[NV];
+    A mean, rstd;
+  };
+  auto load_row = [&](int64_t row, RowIn& in) {
+    const bool live = row < p.rows;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (live && col(i) < n) {
+        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(in.h[i], static_cast<const DR*>(p.h) + row * p.h_stride + col(i));
+        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(in.dy[i], static_cast<const DT*>(p.dy) + row * p.dy_stride + col(i));
+      } else {
+        in.h[i].zero();
+        in.dy[i].zero();
+      }
+    }
+    in.mean = live && !p.rms ? static_cast<const A*>(p.mean)[row] : A(0);
+    in.rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
+  };
+  RowIn next;
+  load_row(pl.first_row, next);
   for (int64_t row = pl.first_row;; row += pl.row_step) {
     const int64_t cta_first = M == Mode::kRow || kCl ? row - threadIdx.x / lay.threads_per_row : row;
     if (cta_first >= p.rows) break;
     const bool live = row < p.rows;
-    Frag<DR, VEC> hf[NV];
-    Frag<DT, VEC> dyf[NV];
+    const RowIn cur = next;
+    load_row(row + pl.row_step, next);
+    const auto& hf = cur.h;
+    const auto& dyf = cur.dy;
+    const A mean = cur.mean, rstd = cur.rstd;
+    Frag<DR, VEC> dhf[NV];
+    if (p.dh && M != Mode::kSplitStats)
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      if (live && col(i) < n) {
-        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(hf[i], static_cast<const DR*>(p.h) + row * p.h_stride + col(i));
-        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(dyf[i], static_cast<const DT*>(p.dy) + row * p.dy_stride + col(i));
-      } else {
-        hf[i].zero();
-        dyf[i].zero();
-      }
-    }
-    const A mean = live && !p.rms ? static_cast<const A*>(p.mean)[row] : A(0);
-    const A rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
+      for (int i = 0; i < NV; ++i)
+        if (live && col(i) < n) dhf[i].load(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
     // sum(g * xhat), sum(g), g = dy * (w + offset)
     S s{{A(0), A(0)}};
 #pragma unroll
     for (int i = 0; i < NV; ++i)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A xh = (A(hf[i].get(k)) - mean) * rstd, d = A(dyf[i].get(k)), g = d * w[i][k];
+        const A xh = (A(hf[i].get(k)) - mean) * rstd, d = A(dyf[i].get(k)), g = d * (A(w[i].get(k)) + woff);
         s.v[0] += g * xh;
         s.v[1] += g;
         if constexpr (kPartials) {
@@ -465,18 +492,17 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
       for (int i = 0; i < NV; ++i) {
         const int64_t c = col(i);
         if (c >= n) continue;
-        Frag<DR, VEC> dhf;
-        if (p.dh) dhf.load(static_cast<const DR*>(p.dh) + row * p.dh_stride + c);
         A dh[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A xh = (A(hf[i].get(k)) - mean) * rstd, g = A(dyf[i].get(k)) * w[i][k];
+          const A xh = (A(hf[i].get(k)) - mean) * rstd, g = A(dyf[i].get(k)) * (A(w[i].get(k)) + woff);
           dh[k] = rstd * (g - c_g - xh * c_gx);
-          if (p.dh) dh[k] += A(dhf.get(k));
+          if (p.dh) dh[k] += A(dhf[i].get(k));
         }
         if (p.dresidual) store_vec(static_cast<DR*>(p.dresidual) + row * n + c, dh);
         if (p.dx) {
           if (dropout) {
+            const DropoutMask dm = device_mask(p.rng, n, p.dropout_p);  // rebuilt where used: no registers held
             const uint32_t keep = keep_bits<VEC>(dm, row, c);
 #pragma unroll
             for (int k = 0; k < VEC; ++k) dh[k] = (keep >> k) & 1u ? dh[k] * A(dm.scale) : A(0);
@@ -486,6 +512,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
       }
     }
   }
+  cluster_done<kCl>();
   if constexpr (kPartials) {
     if (part_w == nullptr) return;
     // One partial row per CTA: its rows' teams merged in row order.

@@ -113,8 +113,9 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     Layout lay{pl.threads_per_row, pl.cluster, pl.chunks};
     if (pl.strategy == Strategy::kCluster) {
       auto k = &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster>;
-      if (resident(k, dev, pl.cta_threads, pl.cluster, 0) > 0) {
-        const int64_t groups = p.rows < int64_t(INT32_MAX) / pl.cluster ? p.rows : int64_t(INT32_MAX) / pl.cluster;
+      const int64_t res = resident(k, dev, pl.cta_threads, pl.cluster, 0);
+      if (res > 0) {  // a persistent grid: one launch of clusters for many rows
+        const int64_t groups = p.rows < res ? p.rows : res;
         return launch(k, dim3(unsigned(groups * pl.cluster)), pl.cta_threads, 0, pl.cluster, stream, p, lay,
                       static_cast<A*>(nullptr));
       }
@@ -161,10 +162,10 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
                       aligned(p.dh, sizeof(R) * V) && aligned(p.dx, 16) && aligned(p.dresidual, sizeof(R) * V) &&
                       aligned(p.w, sizeof(W) * V);
   add_norm::Plan pl = add_norm::make_plan(p.cols, sizeof(T), vec_ok, true, dev.cc_major);
-  return with_vec<T>(pl.vec, [&](auto vec_tag) -> cudaError_t {
+  // The two register budgets of the backward (plan.h): NV accesses a thread, or twice as many.
+  auto body = [&](auto vec_tag, auto nv_tag) -> cudaError_t {
     constexpr int VEC = decltype(vec_tag)::value;
-    constexpr int NV = accesses_per_thread(true, VEC, sizeof(T));
-    if (pl.accesses != NV) return cudaErrorInvalidConfiguration;
+    constexpr int NV = decltype(nv_tag)::value;
     Layout lay{pl.threads_per_row, pl.cluster, pl.chunks};
     const int rows_per_cta = pl.cta_threads / pl.threads_per_row;
     const size_t smem = rows_per_cta > 1 ? size_t(pl.cta_threads) * NV * VEC * 2 * sizeof(A) : 0;
@@ -214,6 +215,13 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
     const cudaError_t e =
         launch(k, dim3(unsigned(groups)), pl.cta_threads, smem, 1, stream, p, lay, pw, pb, static_cast<A*>(nullptr));
     return e == cudaSuccess ? finalize(pw, pb, groups) : e;
+  };
+  return with_vec<T>(pl.vec, [&](auto vec_tag) -> cudaError_t {
+    constexpr int VEC = decltype(vec_tag)::value;
+    constexpr int kShort = accesses_per_thread(true, VEC, sizeof(T)), kLong = accesses_per_thread(true, VEC, sizeof(T), true);
+    if (pl.accesses == kShort) return body(vec_tag, std::integral_constant<int, kShort>{});
+    if (pl.accesses == kLong) return body(vec_tag, std::integral_constant<int, kLong>{});
+    return cudaErrorInvalidConfiguration;  // plan.h and the instantiations disagree
   });
 }
 

@@ -18,12 +18,18 @@ struct Plan {
 };
 
 // A thread's slice of a row, held in registers: 64 bytes of x in the
-// forward (four 16-byte loads in flight at 16-bit and fp32); 8 elements in the
-// backward, whose fp32 dweight / dbias partials and weights take 24 more
-// registers over the whole grid-stride loop.  Both fit 64 registers, so two
-// CTAs of kPlanMaxThreads share an SM.
+// forward (four 16-byte loads in flight at 16-bit and fp32), which fits 64
+// registers, so two CTAs of kPlanMaxThreads share an SM.  The backward holds
+// 8 elements a thread, with their fp32 dweight / dbias partials and the next
+// row's inputs (prefetched): 80 registers (capped at 64 it spills in every row
+// and loses a third of its bandwidth).  Backward rows past one CTA at 8 take
+// 32 bytes of each input a thread (16 elements at 16-bit; 128 registers, one
+// CTA an SM) before they take a cluster, which meets once a row.
 constexpr int kFwdThreadBytes = 64;
 constexpr int kBwdThreadElems = 8;
+constexpr int kBwdLongRowBytes = 32;
+constexpr int kBwdRegs = 80;
+constexpr int kBwdLongRowRegs = 128;
 constexpr int kMaxAccesses = 8;
 // Short rows share a CTA of this many threads, a team of lanes each; longer
 // rows take a CTA of whole warps, up to kPlanMaxThreads (two CTAs an SM, so one
@@ -34,8 +40,10 @@ constexpr int kPlanMaxThreads = 512;
 // that (or before sm_90) over CTAs that meet through global memory.
 constexpr int kPlanMaxCluster = 16;
 
-constexpr int accesses_per_thread(bool bwd, int vec, int elem_bytes) {
-  const int n = bwd ? kBwdThreadElems / vec : kFwdThreadBytes / (vec * elem_bytes);
+constexpr int accesses_per_thread(bool bwd, int vec, int elem_bytes, bool long_row = false) {
+  const int short_row = kBwdThreadElems / vec, long_row_n = kBwdLongRowBytes / (vec * elem_bytes);
+  const int n = !bwd ? kFwdThreadBytes / (vec * elem_bytes)
+                     : long_row && long_row_n > short_row ? long_row_n : short_row;
   return n < 1 ? 1 : n > kMaxAccesses ? kMaxAccesses : n;
 }
 
@@ -50,7 +58,11 @@ inline Plan make_plan(int64_t cols, int elem_bytes, bool vec_ok, bool bwd, int c
   p.vec = vec_ok ? 16 / elem_bytes : 1;
   p.accesses = accesses_per_thread(bwd, p.vec, elem_bytes);
   const int64_t accesses = (cols + p.vec - 1) / p.vec;
-  const int64_t threads = (accesses + p.accesses - 1) / p.accesses;
+  int64_t threads = (accesses + p.accesses - 1) / p.accesses;
+  if (bwd && threads > kPlanMaxThreads) {
+    p.accesses = accesses_per_thread(bwd, p.vec, elem_bytes, true);
+    threads = (accesses + p.accesses - 1) / p.accesses;
+  }
   if (threads <= 32) {
     p.threads_per_row = next_pow2(threads);
     p.cta_threads = kShortRowCta;
