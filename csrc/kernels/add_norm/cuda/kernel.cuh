@@ -387,7 +387,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
 // workspace ([rows][chunks][2]), the second finishes the row.
 // ---------------------------------------------------------------------------
 template <typename T, typename W, typename R, int VEC, int NV, Mode M>
-__global__ void FLN_MAX_REGS(NV * VEC > kBwdThreadElems ? kBwdLongRowRegs : kBwdRegs)
+__global__ void FLN_MAX_REGS(bwd_registers(sizeof(T), NV * VEC))
 add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>* part_b, dacc_t<T>* work) {
   using A = dacc_t<T>;
   using DT = device_t<T>;

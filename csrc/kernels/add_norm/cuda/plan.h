@@ -21,15 +21,16 @@ struct Plan {
 // forward (four 16-byte loads in flight at 16-bit and fp32), which fits 64
 // registers, so two CTAs of kPlanMaxThreads share an SM.  The backward holds
 // 8 elements a thread, with their fp32 dweight / dbias partials and the next
-// row's inputs (prefetched): 80 registers (capped at 64 it spills in every row
-// and loses a third of its bandwidth).  Backward rows past one CTA at 8 take
-// 32 bytes of each input a thread (16 elements at 16-bit; 128 registers, one
-// CTA an SM) before they take a cluster, which meets once a row.
+// row's inputs (prefetched), in up to 96 registers where a thread's inputs
+// are 16 bytes (16-bit), 128 otherwise: capped lower, it spills in every row
+// (fp32 at 80 lost a third of its bandwidth), and 16-bit short rows at 128
+// keep fewer CTAs an SM.  Backward rows past one CTA at 8 take 32 bytes of
+// each input a thread (16 elements at 16-bit; one CTA an SM) before they take
+// a cluster, which meets once a row.
 constexpr int kFwdThreadBytes = 64;
 constexpr int kBwdThreadElems = 8;
 constexpr int kBwdLongRowBytes = 32;
-constexpr int kBwdRegs = 80;
-constexpr int kBwdLongRowRegs = 128;
+constexpr int bwd_registers(int elem_bytes, int elems) { return elem_bytes * elems <= 16 ? 96 : 128; }
 constexpr int kMaxAccesses = 8;
 // Short rows share a CTA of this many threads, a team of lanes each; longer
 // rows take a CTA of whole warps, up to kPlanMaxThreads (two CTAs an SM, so one
