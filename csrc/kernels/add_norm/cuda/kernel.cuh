@@ -218,7 +218,7 @@ __device__ __forceinline__ Frag<DR, VEC> to_frag(const A (&v)[VEC]) {
 // Forward.  Statistics workspace of the split modes: [rows][chunks] Stats.
 // ---------------------------------------------------------------------------
 template <typename T, typename W, typename R, int VEC, int NV, Mode M>
-__global__ void __launch_bounds__(kMaxThreads, 2)
+__global__ void FLN_MAX_REGS(kFwdRegs)
 add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   using A = dacc_t<T>;
   using DT = device_t<T>;
@@ -250,26 +250,36 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     const bool live = row < p.rows;
     // Prologue: h = dropout(x) + residual, held as R (y normalizes the h
     // that is returned, and 16-bit values stay packed two to a register); the
-    // split's second pass reads h back.
+    // split's second pass reads h back.  Every load of the row is issued
+    // before the first store: a store may alias a later load, so the
+    // compiler would not move that load above it.
     Frag<DR, VEC> h[NV];
+    Frag<DT, VEC> xf[NV];
+    Frag<DR, VEC> rf[NV];
+    auto valid = [&](int i) { return live && col(i) < n; };
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
+      if (!valid(i)) continue;
       const int64_t c = col(i);
-      if (!live || c >= n) {
-        h[i].zero();
-        continue;
-      }
       if constexpr (M == Mode::kSplitApply) {
         h[i].load(static_cast<const DR*>(p.h) + row * n + c);
       } else {
-        Frag<DT, VEC> xf;
-        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf, static_cast<const DT*>(p.x) + row * p.x_stride + c);
+        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], static_cast<const DT*>(p.x) + row * p.x_stride + c);
+        if (p.residual) rf[i].load(static_cast<const DR*>(p.residual) + row * p.residual_stride + c);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = col(i);
+      if (!valid(i)) {
+        h[i].zero();
+        continue;
+      }
+      if constexpr (M != Mode::kSplitApply) {
         const bool plain = !dropout && !p.residual && std::is_same_v<DR, DT>;
         if (plain) {  // h is x
-          if constexpr (std::is_same_v<DR, DT>) h[i] = xf;
+          if constexpr (std::is_same_v<DR, DT>) h[i] = xf[i];
         } else {
-          Frag<DR, VEC> rf;
-          if (p.residual) rf.load(static_cast<const DR*>(p.residual) + row * p.residual_stride + c);
           uint32_t keep = ~0u;
           if (dropout) {
             keep = keep_bits<VEC>(dm, row, c);
@@ -283,9 +293,9 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
           A hv[VEC];
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            A v = xf.get(k);
+            A v = xf[i].get(k);
             if (dropout) v = (keep >> k) & 1u ? v * A(dm.scale) : A(0);
-            if (p.residual) v += A(rf.get(k));
+            if (p.residual) v += A(rf[i].get(k));
             hv[k] = v;
           }
           h[i] = to_frag<DR>(hv);
@@ -356,24 +366,29 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
       if (p.mean) static_cast<A*>(p.mean)[row] = mean;
       if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
     }
-    // Epilogue: y = (h - mean) * rstd * (w + weight_offset) + b.
+    // Epilogue: y = (h - mean) * rstd * (w + weight_offset) + b.  The
+    // pointers are __restrict__, so the compiler may hoist weight and bias
+    // loads above earlier stores as registers allow.
+    const DW* __restrict__ wg = static_cast<const DW*>(p.w);
+    const DW* __restrict__ bg = static_cast<const DW*>(p.b);
+    DT* __restrict__ yg = static_cast<DT*>(p.y) + row * n;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = col(i);
       if (c >= n) continue;
       Frag<DW, VEC> wf, bf;
-      if (p.w) wf.load(static_cast<const DW*>(p.w) + c);
-      if (p.b) bf.load(static_cast<const DW*>(p.b) + c);
+      if (wg) wf.load(wg + c);
+      if (bg) bf.load(bg + c);
       A y[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         A v = (A(h[i].get(k)) - mean) * rstd;
-        if (p.w) v *= A(wf.get(k)) + woff;
+        if (wg) v *= A(wf.get(k)) + woff;
         else v *= A(1) + woff;
-        if (p.b) v += A(bf.get(k));
+        if (bg) v += A(bf.get(k));
         y[k] = v;
       }
-      store_vec(static_cast<DT*>(p.y) + row * n + c, y);
+      store_vec(yg + c, y);
     }
   }
   cluster_done<kCl>();

@@ -18,8 +18,10 @@ struct Plan {
 };
 
 // A thread's slice of a row, held in registers: 64 bytes of x in the
-// forward (four 16-byte loads in flight at 16-bit and fp32), which fits 64
-// registers, so two CTAs of kPlanMaxThreads share an SM.  The backward holds
+// forward (four 16-byte loads in flight at 16-bit and fp32, with as many of
+// the residual, all issued before the first store), in up to 96 registers
+// (capped at 64 it spilled and kept fewer loads in flight: fp32 ran 15 points
+// slower).  The backward holds
 // 8 elements a thread, with their fp32 dweight / dbias partials and the next
 // row's inputs (prefetched), in up to 96 registers where a thread's inputs
 // are 16 bytes (16-bit), 128 otherwise: capped lower, it spills in every row
@@ -28,6 +30,7 @@ struct Plan {
 // each input a thread (16 elements at 16-bit; one CTA an SM) before they take
 // a cluster, which meets once a row.
 constexpr int kFwdThreadBytes = 64;
+constexpr int kFwdRegs = 96;
 constexpr int kBwdThreadElems = 8;
 constexpr int kBwdLongRowBytes = 32;
 constexpr int bwd_registers(int elem_bytes, int elems) { return elem_bytes * elems <= 16 ? 96 : 128; }
