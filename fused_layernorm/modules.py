@@ -13,6 +13,7 @@ torch's.  On top of that they take the fused pre-norm arguments:
 ``h = dropout(x) + residual``, the pre-norm residual stream for the next block.
 Both work under ``torch.jit.script``.
 """
+import copy
 from typing import Optional, Tuple, Union
 
 import torch
@@ -95,20 +96,37 @@ class FusedLayerNorm(nn.LayerNorm):
         return _F._fused(input, self.normalized_shape, self.weight, self.bias, self.eps, False, residual, p,
                          self.weight_offset, self.residual_dtype, residual is not None, None, False)
 
-    def forward(self, input: Tensor, residual: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    # The overloads give TorchScript callers a Tensor or a tuple, not a Union they must refine.
+    @torch.jit._overload_method  # noqa: F811
+    def forward(self, input: Tensor, residual: None = None) -> Tensor:  # noqa: F811
+        ...
+
+    @torch.jit._overload_method  # noqa: F811
+    def forward(self, input: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:  # noqa: F811
+        ...
+
+    def forward(self, input: Tensor, residual: Optional[Tensor] = None):  # noqa: F811
         p = self.dropout_p if self.training else 0.0
         if not torch.jit.is_scripting():
             return self._eager(input, residual, p)
-        # TorchScript calls the registered ops, which it understands, directly.
-        if residual is None and p == 0.0 and self.weight_offset == 0.0:
-            return torch.ops.fused_layernorm.layer_norm(input, self.normalized_shape, self.weight, self.bias,
-                                                        self.eps)
-        y, h, _ = torch.ops.fused_layernorm.add_norm(input, residual, self.normalized_shape, self.weight, self.bias,
-                                                     self.eps, False, p, self.weight_offset, self.residual_dtype,
-                                                     residual is not None, False, None)
+        y, h = self._script(input, residual, p)
         if residual is None:
             return y
         return y, h
+
+    def _script(self, input: Tensor, residual: Optional[Tensor], p: float) -> Tuple[Tensor, Tensor]:
+        """TorchScript's forward: (y, h), h being y when there is no residual.  It calls
+        the registered ops, which TorchScript understands, directly."""
+        if residual is None and p == 0.0 and self.weight_offset == 0.0:
+            y = torch.ops.fused_layernorm.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+            return y, y
+        y, h, _ = torch.ops.fused_layernorm.add_norm(input, residual, self.normalized_shape, self.weight, self.bias,
+                                                     self.eps, False, p, self.weight_offset, self.residual_dtype,
+                                                     residual is not None, False, None)
+        return y, h
+
+    def __prepare_scriptable__(self):
+        return _scriptable(self, _ScriptRootLayerNorm)
 
     def extra_repr(self) -> str:
         return _fused_repr(super().extra_repr(), self.dropout_p, self.weight_offset, self.residual_dtype)
@@ -160,19 +178,93 @@ class FusedRMSNorm(nn.RMSNorm):
         return _F._fused(x, self.normalized_shape, self.weight, None, self.eps, True, residual, p, self.weight_offset,
                          self.residual_dtype, residual is not None, None, False)
 
-    def forward(self, x: Tensor, residual: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    # The overloads give TorchScript callers a Tensor or a tuple, not a Union they must refine.
+    @torch.jit._overload_method  # noqa: F811
+    def forward(self, x: Tensor, residual: None = None) -> Tensor:  # noqa: F811
+        ...
+
+    @torch.jit._overload_method  # noqa: F811
+    def forward(self, x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:  # noqa: F811
+        ...
+
+    def forward(self, x: Tensor, residual: Optional[Tensor] = None):  # noqa: F811
         p = self.dropout_p if self.training else 0.0
         if not torch.jit.is_scripting():
             return self._eager(x, residual, p)
-        # TorchScript calls the registered ops, which it understands, directly.
-        if residual is None and p == 0.0 and self.weight_offset == 0.0:
-            return torch.ops.fused_layernorm.rms_norm(x, self.normalized_shape, self.weight, self.eps)
-        y, h, _ = torch.ops.fused_layernorm.add_norm(x, residual, self.normalized_shape, self.weight, None,
-                                                     self.eps, True, p, self.weight_offset, self.residual_dtype,
-                                                     residual is not None, False, None)
+        y, h = self._script(x, residual, p)
         if residual is None:
             return y
         return y, h
 
+    def _script(self, x: Tensor, residual: Optional[Tensor], p: float) -> Tuple[Tensor, Tensor]:
+        """TorchScript's forward: (y, h), h being y when there is no residual.  It calls
+        the registered ops, which TorchScript understands, directly."""
+        if residual is None and p == 0.0 and self.weight_offset == 0.0:
+            y = torch.ops.fused_layernorm.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+            return y, y
+        y, h, _ = torch.ops.fused_layernorm.add_norm(x, residual, self.normalized_shape, self.weight, None,
+                                                     self.eps, True, p, self.weight_offset, self.residual_dtype,
+                                                     residual is not None, False, None)
+        return y, h
+
+    def __prepare_scriptable__(self):
+        return _scriptable(self, _ScriptRootRMSNorm)
+
     def extra_repr(self) -> str:
         return _fused_repr(super().extra_repr(), self.dropout_p, self.weight_offset, self.residual_dtype)
+
+
+# TorchScript and the two forwards.  Inside a scripted model, a caller of forward(x)
+# needs a Tensor and a caller of forward(x, residual) a tuple: the overloads above give
+# it that.  But a module scripted on its own with overloads has no method called
+# forward (torch's own nn.LSTM has the same limitation), so torch.jit.script(module)
+# scripts, instead, a copy of the module (sharing its parameters) whose class has a
+# single forward returning Union[Tensor, Tuple[Tensor, Tensor]].
+
+
+def _scripted_on_its_own() -> bool:
+    """Whether torch.jit.script was called on this module itself rather than on a model
+    containing it: torch's call_prepare_scriptable_func_impl, our caller, has an empty
+    memo for the root only.  Where that cannot be seen, False: the overloads, which
+    serve scripted models."""
+    import sys
+
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "call_prepare_scriptable_func_impl":
+            memo = frame.f_locals.get("memo")
+            return isinstance(memo, dict) and len(memo) == 0
+        frame = frame.f_back
+    return False
+
+
+def _scriptable(module: nn.Module, root_cls: type) -> nn.Module:
+    if not _scripted_on_its_own():
+        return module
+    root = copy.copy(module)  # shares the parameter dict, so the scripted module trains the same weights
+    root.__class__ = root_cls
+    return root
+
+
+class _ScriptRootLayerNorm(FusedLayerNorm):
+    def forward(self, input: Tensor, residual: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        y, h = self._script(input, residual, self.dropout_p if self.training else 0.0)
+        if residual is None:
+            return y
+        return y, h
+
+    def __prepare_scriptable__(self):
+        return self
+
+
+class _ScriptRootRMSNorm(FusedRMSNorm):
+    def forward(self, x: Tensor, residual: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        y, h = self._script(x, residual, self.dropout_p if self.training else 0.0)
+        if residual is None:
+            return y
+        return y, h
+
+    def __prepare_scriptable__(self):
+        return self

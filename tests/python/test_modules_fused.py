@@ -234,3 +234,67 @@ def test_script_fused(kind, kwargs, device, seed):
             else:
                 assert len(eager) == len(scripted) == 2
                 assert all(torch.equal(a, b) for a, b in zip(eager, scripted))
+
+
+@requires_add_norm
+@KINDS
+def test_compile_fused_forward(kind, device, seed):
+    """torch.compile (fullgraph) of forward(x) and forward(x, residual) with a weight offset equals eager."""
+    mod = randomize(make(kind, weight_offset=1.0, device=device), seed)
+    compiled = torch.compile(mod, fullgraph=True, backend="aot_eager")
+    x, r = torch.randn(4, 64, device=device), torch.randn(4, 64, device=device)
+    assert torch.equal(compiled(x), mod(x))
+    for a, b in zip(compiled(x, r), mod(x, r)):
+        assert torch.equal(a, b)
+
+
+class _Parent(nn.Module):
+    """A model holding a norm: forward(x) must be a Tensor to its TorchScript caller."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.lin(self.norm(x))
+
+
+class _ResidualParent(nn.Module):
+    """A pre-norm block: forward(x, residual) must be a tuple to its TorchScript caller."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x, residual):
+        y, h = self.norm(x, residual)
+        return self.lin(y) + h
+
+
+@KINDS
+def test_script_inside_a_model(kind, device, seed):
+    """A scripted model containing the module (as it would contain nn.LayerNorm) scripts and
+    matches eager, for forward(x) and, with add_norm, forward(x, residual)."""
+    x, r = torch.randn(4, 64, device=device), torch.randn(4, 64, device=device)
+    parents = [_Parent] + ([_ResidualParent] if hasattr(torch.ops.fused_layernorm, "add_norm") else [])
+    for parent_cls in parents:
+        model = parent_cls(randomize(make(kind, device=device), seed)).to(device)
+        sm = script(model)
+        args = (x,) if parent_cls is _Parent else (x, r)
+        torch.testing.assert_close(sm(*args), model(*args), rtol=1e-6, atol=1e-6)
+        assert type(model.norm) in (FusedLayerNorm, FusedRMSNorm)
+
+
+@KINDS
+def test_scripted_module_shares_parameters(kind, device):
+    """Like a scripted nn.LayerNorm, the scripted module holds the module's own parameters."""
+    mod = make(kind, device=device)
+    sm = script(mod)
+    assert type(mod) in (FusedLayerNorm, FusedRMSNorm)
+    assert all(a is b for a, b in zip(sm.parameters(), mod.parameters()))
+    x = torch.randn(2, 64, device=device)
+    with torch.no_grad():
+        mod.weight.mul_(3.0)
+    torch.testing.assert_close(sm(x), mod(x))
