@@ -9,6 +9,8 @@ import torch  # noqa: F401  (loads libtorch, which the extension links against)
 from . import _C  # noqa: F401  (loads the extension and registers the ops)
 from .functional import fused_layer_norm, fused_rms_norm, layer_norm, rms_norm
 from .modules import FusedLayerNorm, FusedRMSNorm
+# fused_layernorm.patch names the function; "from fused_layernorm.patch import ..." still reaches the file.
+from .patch import PatchReport, patch, to_fused
 
 __all__ = [
     "fused_layer_norm",
@@ -17,5 +19,8 @@ __all__ = [
     "rms_norm",
     "FusedLayerNorm",
     "FusedRMSNorm",
+    "patch",
+    "to_fused",
+    "PatchReport",
 ]
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@ Plain tensors in eager mode take ``_C``'s bindings of the same ops (a typed
 dispatcher call, about 2 us cheaper than the boxed ``torch.ops`` call);
 anything else (``torch.compile`` tracing, tensor subclasses, FX proxies) takes
 ``torch.ops.fused_layernorm``, which those systems understand."""
+import numbers
 from typing import Optional, Sequence, Union
 
 import torch
@@ -17,6 +18,11 @@ from . import _C
 # The overloads themselves, looked up once: cheaper per call than the packets.
 _layer_norm_op = torch.ops.fused_layernorm.layer_norm.default
 _rms_norm_op = torch.ops.fused_layernorm.rms_norm.default
+
+
+def _add_norm_op(*args):
+    # Looked up per call: the op may be absent from an older build of the extension.
+    return torch.ops.fused_layernorm.add_norm.default(*args)
 
 
 def _layer_norm(x, shape, weight, bias, eps):
@@ -31,14 +37,30 @@ def _rms_norm(x, shape, weight, eps):
     return _rms_norm_op(x, shape, weight, eps)
 
 
+def _number(op: str, name: str, value) -> float:
+    """``value`` as a float.  Numbers as torch takes them (int, float, bool, numpy
+    scalars, 0-d tensors); anything else, a string included, is a TypeError
+    rather than a silent ``float(value)``."""
+    if type(value) is float:
+        return value
+    if isinstance(value, numbers.Real) or (isinstance(value, Tensor) and value.dim() == 0):
+        return float(value)
+    raise TypeError(f"fused_layernorm.{op}: {name} must be a number, got {type(value).__name__}")
+
 
 def _fused(x, shape, weight, bias, eps, rms, residual, dropout_p, weight_offset, residual_dtype,
            return_residual, generator, return_dropout_mask):
     """The fused op: h = dropout(x) (+ residual), y = norm(h) * (weight + weight_offset) (+ bias).
     Returns y, then h if return_residual, then the keep mask if return_dropout_mask."""
+    op = "rms_norm" if rms else "layer_norm"
+    dropout_p = _number(op, "dropout_p", dropout_p)
+    weight_offset = _number(op, "weight_offset", weight_offset)
     if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"fused_layernorm: dropout_p must be in [0, 1], got {dropout_p}")
-    y, h, mask = torch.ops.fused_layernorm.add_norm.default(x, residual, shape, weight, bias, eps, rms, float(dropout_p), float(weight_offset),
+        raise ValueError(f"fused_layernorm.{op}: dropout_p must be in [0, 1], got {dropout_p}")
+    if residual_dtype is not None and not isinstance(residual_dtype, torch.dtype):
+        raise TypeError(f"fused_layernorm.{op}: residual_dtype must be a torch.dtype or None, "
+                        f"got {type(residual_dtype).__name__}")
+    y, h, mask = _add_norm_op(x, residual, shape, weight, bias, eps, rms, dropout_p, weight_offset,
                               residual_dtype, return_residual, return_dropout_mask, generator)
     out = (y,)
     if return_residual:
@@ -105,8 +127,8 @@ def layer_norm(
     """
     shape = _as_shape(normalized_shape)
     if _plain(residual, dropout_p, weight_offset, residual_dtype, return_residual, return_dropout_mask):
-        return _layer_norm(input, shape, weight, bias, float(eps))
-    return _fused(input, shape, weight, bias, float(eps), False, residual, dropout_p, weight_offset,
+        return _layer_norm(input, shape, weight, bias, _number("layer_norm", "eps", eps))
+    return _fused(input, shape, weight, bias, _number("layer_norm", "eps", eps), False, residual, dropout_p, weight_offset,
                   residual_dtype, return_residual, generator, return_dropout_mask)
 
 
@@ -124,7 +146,7 @@ def fused_layer_norm(
     if x.dim() == 0:
         raise ValueError("fused_layer_norm: input must have at least one dimension, got a 0-d tensor")
     if not fused:
-        return _layer_norm(x, [x.shape[-1]], weight, bias, float(eps))
+        return _layer_norm(x, [x.shape[-1]], weight, bias, _number("layer_norm", "eps", eps))
     return layer_norm(x, [x.shape[-1]], weight, bias, eps, **fused)
 
 
@@ -149,7 +171,7 @@ def rms_norm(
     for float16/bfloat16/float32 inputs and ``torch.finfo(torch.float64).eps`` for float64.
     """
     shape = _as_shape(normalized_shape)
-    eps = None if eps is None else float(eps)
+    eps = None if eps is None else _number("rms_norm", "eps", eps)
     if _plain(residual, dropout_p, weight_offset, residual_dtype, return_residual, return_dropout_mask):
         return _rms_norm(input, shape, weight, eps)
     return _fused(input, shape, weight, None, eps, True, residual, dropout_p, weight_offset,

@@ -278,3 +278,52 @@ def test_rms_norm_ops_do_not_modify_inputs(dtype, layout, device, seed):
     x, w = (t.detach().requires_grad_() for t in (inp.x, inp.weight))
     fl.rms_norm(x, [160], w).backward(inp.grad_out)
     _assert_unchanged((x.detach(), w.detach(), inp.grad_out), snaps, names)
+
+
+# --- argument types ----------------------------------------------------------
+
+BAD_NUMBERS = ["1e-5", [1e-5], object()]
+
+
+@pytest.mark.parametrize("bad", BAD_NUMBERS, ids=["str", "list", "object"])
+@pytest.mark.parametrize("fn", ["layer_norm", "fused_layer_norm", "rms_norm", "fused_rms_norm"])
+def test_eps_must_be_a_number(fn, bad, device):
+    """eps="1e-5" raises TypeError naming eps, as torch's functions do (not a silent float())."""
+    x = x_f32(4, 8, device=device)
+    args = (x, [8]) if fn in ("layer_norm", "rms_norm") else (x,)
+    with pytest.raises(TypeError, match="eps"):
+        getattr(fl, fn)(*args, eps=bad)
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1, True, torch.tensor(1e-5)], ids=["float", "int", "bool", "0d-tensor"])
+def test_eps_numbers_accepted_as_torch_does(eps):
+    x = x_f32(4, 8)
+    ref = torch.nn.functional.layer_norm(x, [8], eps=eps)
+    torch.testing.assert_close(fl.layer_norm(x, [8], eps=eps), ref)
+    torch.testing.assert_close(fl.rms_norm(x, [8], eps=eps), torch.nn.functional.rms_norm(x, [8], eps=eps))
+
+
+def test_eps_numpy_scalar_accepted():
+    np = pytest.importorskip("numpy")
+    x = x_f32(4, 8)
+    torch.testing.assert_close(fl.layer_norm(x, [8], eps=np.float32(1e-3)),
+                               torch.nn.functional.layer_norm(x, [8], eps=1e-3))
+
+
+@pytest.mark.skipif(not hasattr(ops, "add_norm"), reason="extension built without fused_layernorm::add_norm")
+@pytest.mark.parametrize(
+    "kwargs,exc,name",
+    [
+        (dict(dropout_p="0.1"), TypeError, "dropout_p"),
+        (dict(dropout_p=2.0), ValueError, "dropout_p"),
+        (dict(weight_offset="1"), TypeError, "weight_offset"),
+        (dict(residual_dtype="float32", return_residual=True), TypeError, "residual_dtype"),
+        (dict(eps="1e-5", weight_offset=1.0), TypeError, "eps"),
+    ],
+    ids=["dropout_p-str", "dropout_p-range", "weight_offset-str", "residual_dtype-str", "eps-str-fused"],
+)
+@pytest.mark.parametrize("fn", ["layer_norm", "rms_norm"])
+def test_fused_argument_types(fn, kwargs, exc, name):
+    x = x_f32(4, 8)
+    with pytest.raises(exc, match=name):
+        getattr(fl, fn)(x, [8], **kwargs)
