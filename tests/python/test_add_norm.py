@@ -31,15 +31,18 @@ def _norm(kind, h, w, b, eps, offset):
     return y
 
 
-def reference(kind, x, residual, w, b, eps, *, mask=None, p=0.0, offset=0.0, h_dtype=None):
-    """(y, h) in float64 with autograd; h rounded to h_dtype straight-through."""
+def reference(kind, x, residual, w, b, eps, *, mask=None, p=0.0, offset=0.0, h_dtype=None, h_actual=None):
+    """(y, h) in float64 with autograd; h rounded to h_dtype straight-through.
+    With h_actual (the op's h), y normalizes exactly that h: the op rounds the
+    float32 sum, which may land one ulp away from the rounded float64 sum."""
     h = x.double()
     if mask is not None:
         h = h * mask.double() / (1.0 - p) if p < 1 else h * 0
     if residual is not None:
         h = h + residual.double()
     h_dtype = h_dtype or (residual.dtype if residual is not None else x.dtype)
-    h = h + (h.detach().to(h_dtype).double() - h.detach())
+    rounded = h.detach().to(h_dtype).double() if h_actual is None else h_actual.detach().double()
+    h = h + (rounded - h.detach())
     return _norm(kind, h, w, b, eps, offset), h
 
 
@@ -136,9 +139,10 @@ def _dropout_case(kind, dtype, device, seed, p, hidden=1000, rows=16):
     y, h, mask = _run(kind, xl, rl, wl, bl, 1e-5, dropout_p=p, return_residual=True, return_dropout_mask=True)
     torch.autograd.backward([y, h], [dy, dh])
     xr, rr, wr, br = _leaves(x, r, w, b)
-    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=p)
+    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=p, h_actual=h)
     torch.autograd.backward([ye, he], [dy.double(), dh.double()])
-    return (y, h, mask, xl, rl, wl), (ye, he, xr, rr, wr)
+    _, he_own = reference(kind, x, r, w, b, 1e-5, mask=mask, p=p)
+    return (y, h, mask, xl, rl, wl), (ye, he_own, xr, rr, wr)
 
 
 @pytest.mark.parametrize("kind", ["ln", "rms"])
@@ -338,8 +342,10 @@ def test_long_rows(kind, dtype, hidden, seed):
     y, h, mask = _run(kind, xl, rl, wl, bl, 1e-5, dropout_p=0.1, return_residual=True, return_dropout_mask=True)
     torch.autograd.backward([y, h], [dy, dh])
     xr, rr, wr, br = _leaves(x, r, w, b)
-    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=0.1)
+    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=0.1, h_actual=h)
     torch.autograd.backward([ye, he], [dy.double(), dh.double()])
+    _, he_own = reference(kind, x, r, w, b, 1e-5, mask=mask, p=0.1)
+    check(h, he_own, dtype, 1, scale=4.0, what="h")
     check(y, ye, dtype, hidden, scale=4.0, what="y")
     check(xl.grad, xr.grad, dtype, hidden, scale=64.0, what="dx")
     check(wl.grad, wr.grad, dtype, hidden * 3, scale=64.0, what="dweight")
