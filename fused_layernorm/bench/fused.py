@@ -188,6 +188,16 @@ def main(argv=None):
     flush = timing.L2Flush("cuda")
     rows_out = []
     t0 = time.perf_counter()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def write():  # after every case, so a run stopped early keeps what it measured
+        doc = dict(schema="fused_layernorm.bench.fused/1", **env, copy_bandwidth_gbps=copy["gbps"],
+                   peers_available=list(peers), peers_unavailable=missing, rows=rows_out,
+                   config=dict(hidden=a.hidden, dtypes=a.dtypes, ops=a.ops, dropout=a.dropout, reps=a.reps,
+                               log2_numel=a.log2_numel))
+        (out / "fused.json").write_text(json.dumps(doc, indent=1))
+
     cases = [(op, dt, p, hd) for op in a.ops for dt in a.dtypes for p in a.dropout for hd in a.hidden]
     for i, (op, dt, p, hidden) in enumerate(cases):
         dtype = DTYPES[dt]
@@ -246,13 +256,8 @@ def main(argv=None):
               + " ".join(line), flush=True)
         del x, r, w, b, dy, dh, ref
         torch.cuda.empty_cache()
-    doc = dict(schema="fused_layernorm.bench.fused/1", **env, copy_bandwidth_gbps=copy["gbps"],
-               peers_available=list(peers), peers_unavailable=missing, rows=rows_out,
-               config=dict(hidden=a.hidden, dtypes=a.dtypes, ops=a.ops, dropout=a.dropout, reps=a.reps,
-                           log2_numel=a.log2_numel))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fused.json").write_text(json.dumps(doc, indent=1))
+        write()
+    write()
     bad = [r for r in rows_out if r["peer"] == "ours" and r["status"] != "ok"]
     print(f"wrote {out / 'fused.json'}; ours failed {len(bad)} cell(s)")
     return 1 if bad else 0
