@@ -6,6 +6,7 @@
 #include <torch/python.h>
 
 #include "torch/add_norm_ops.h"
+#include "torch/cpu_kernels.h"
 #include "torch/norm_ops.h"
 
 using namespace fln::glue;
@@ -99,4 +100,5 @@ PYBIND11_MODULE(_C, m) {
                          double eps) { return layer_norm_call(input, shape, w, b, eps); });
   m.def("rms_norm", [](const Tensor& input, std::vector<int64_t> shape, const OptTensor& w,
                        std::optional<double> eps) { return rms_norm_call(input, shape, w, eps); });
+  m.def("cpu_isa", &cpu_kernels_isa, "The instruction set the CPU kernels run with (base, avx2, avx512)");
 }
