@@ -6,6 +6,7 @@ CUDA sources are compiled whenever torch is a CUDA build and nvcc is found
 (override with TORCH_CUDA_ARCH_LIST)."""
 import glob
 import os
+import sys
 
 from setuptools import find_packages, setup
 
@@ -21,6 +22,28 @@ except ImportError as e:  # pragma: no cover - build-time message
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+def check_build_tools():
+    """pip builds a wheel: with setuptools older than 70.1 that needs the
+    `wheel` package, whose absence otherwise shows as "invalid command
+    'bdist_wheel'".  Without ninja the sources compile one at a time and
+    every build starts from scratch."""
+    if any(cmd in sys.argv for cmd in ("bdist_wheel", "dist_info", "editable_wheel")):
+        try:
+            import setuptools.command.bdist_wheel  # noqa: F401  (setuptools >= 70.1)
+        except ImportError:
+            try:
+                import wheel  # noqa: F401
+            except ImportError:
+                raise RuntimeError("fused_layernorm: building a wheel needs the `wheel` package with this "
+                                   "setuptools: pip install wheel (or pip install -U setuptools)") from None
+    if not cpp_extension.is_ninja_available():
+        print("fused_layernorm: ninja not found, compiling one source at a time with no incremental "
+              "rebuilds (pip install ninja)", file=sys.stderr)
+
+
+check_build_tools()
+
+
 def with_cuda() -> bool:
     if os.environ.get("FLN_NO_CUDA") == "1":
         return False
@@ -32,11 +55,24 @@ def extension():
     sources = ["csrc/registration.cpp", "csrc/torch/checks.cpp", "csrc/torch/norm_ops.cpp",
                "csrc/torch/cpu_backend.cpp", "csrc/torch/meta_ops.cpp", "csrc/torch/autograd.cpp",
                "csrc/torch/add_norm_ops.cpp", "csrc/torch/add_norm_autograd.cpp"]
+    # The CPU kernels, once per instruction set (csrc/torch/cpu_kernels.h).
+    sources += ["csrc/torch/cpu_kernels_base.cpp", "csrc/torch/cpu_kernels_avx2.cpp",
+                "csrc/torch/cpu_kernels_avx512.cpp"]
     # No -fvisibility=hidden: it duplicates libstdc++ template statics (the locale
     # facet ids behind operator<<) and crashed error formatting with g++ 13.
-    cxx = ["-O3"]
+    # -g0: debug info doubles the compile time of every torch-including file
+    # (FLN_DEBUG=1 keeps it).
+    cxx = ["-O3"] + ([] if os.environ.get("FLN_DEBUG") == "1" else ["-g0"])
+    link = []
+    # at::parallel_for is inline: without -fopenmp it runs every loop on one
+    # thread.  The library links libgomp.so.1, which resolves to the copy torch
+    # has already loaded, so torch.set_num_threads governs our loops too.
+    if sys.platform.startswith("linux"):
+        cxx.append("-fopenmp")
+        link.append("-fopenmp")
     if not with_cuda():
-        return cpp_extension.CppExtension("fused_layernorm._C", sources, extra_compile_args={"cxx": cxx})
+        return cpp_extension.CppExtension("fused_layernorm._C", sources, extra_compile_args={"cxx": cxx},
+                                          extra_link_args=link)
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
     sources += ["csrc/torch/cuda_backend.cpp"] + rel("csrc/kernels/cuda/inst_*.cu") + rel("csrc/kernels/add_norm/cuda/inst_*.cu")
     nvcc = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
@@ -47,6 +83,7 @@ def extension():
         sources,
         define_macros=[("FLN_WITH_CUDA", None)],
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        extra_link_args=link,
     )
 
 

@@ -5,7 +5,10 @@
 #include <torch/library.h>
 #include <torch/python.h>
 
+#include <string>
+
 #include "torch/add_norm_ops.h"
+#include "torch/cpu_kernels.h"
 #include "torch/norm_ops.h"
 
 using namespace fln::glue;
@@ -71,9 +74,10 @@ TORCH_LIBRARY_IMPL(fused_layernorm, Meta, m) {
 
 // The fwd/bwd ops have no derivative of their own: called where autograd
 // records (a direct call on inputs that require grad, or the backward op
-// under create_graph, i.e. double backward and torch.func.hessian), their
-// outputs get a node that raises "not implemented" if differentiated,
-// rather than gradients that silently miss a term.
+// with a forward-mode tangent), their outputs get a node that raises "not
+// implemented" if differentiated, rather than gradients that silently miss a
+// term.  (The differentiable ops' backward under create_graph does not call
+// them: see autograd.cpp.)
 TORCH_LIBRARY_IMPL(fused_layernorm, Autograd, m) {
   m.impl("layer_norm", &layer_norm_autograd);
   m.impl("rms_norm", &rms_norm_autograd);
@@ -93,10 +97,34 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CompositeExplicitAutograd, m) {
 // `import fused_layernorm._C` loads this library (and so the registrations).
 // Its two functions are the eager fast path of fused_layernorm.functional:
 // the same ops through the dispatcher, without the boxed torch.ops call.
+namespace {
+
+// eps as torch's own bindings read a float: a number (float, int, bool, or
+// anything with __float__ such as a 0-d tensor), never a string, which
+// Python's float() would parse.  A TypeError that names the argument.
+double eps_arg(const char* op, pybind11::handle eps) {
+  PyObject* o = eps.ptr();
+  if (!PyUnicode_Check(o) && !PyBytes_Check(o)) {
+    const double v = PyFloat_AsDouble(o);
+    if (!(v == -1.0 && PyErr_Occurred())) return v;
+    PyErr_Clear();
+  }
+  throw pybind11::type_error(std::string(op) + ": eps must be a number (float), got " +
+                             std::string(Py_TYPE(o)->tp_name));
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fused_layernorm ops (registered with torch as torch.ops.fused_layernorm)";
   m.def("layer_norm", [](const Tensor& input, std::vector<int64_t> shape, const OptTensor& w, const OptTensor& b,
-                         double eps) { return layer_norm_call(input, shape, w, b, eps); });
-  m.def("rms_norm", [](const Tensor& input, std::vector<int64_t> shape, const OptTensor& w,
-                       std::optional<double> eps) { return rms_norm_call(input, shape, w, eps); });
+                         pybind11::handle eps) {
+    return layer_norm_call(input, shape, w, b, eps_arg("fused_layernorm.layer_norm", eps));
+  });
+  m.def("rms_norm", [](const Tensor& input, std::vector<int64_t> shape, const OptTensor& w, pybind11::handle eps) {
+    const std::optional<double> e =
+        eps.is_none() ? std::nullopt : std::optional<double>(eps_arg("fused_layernorm.rms_norm", eps));
+    return rms_norm_call(input, shape, w, e);
+  });
+  m.def("cpu_isa", &cpu_kernels_isa, "The instruction set the CPU kernels run with (base, avx2, avx512)");
 }

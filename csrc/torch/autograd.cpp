@@ -3,6 +3,9 @@
 // a gradient is needed, records a backward node that saves what the backward
 // op needs and asks it only for the gradients autograd needs.  Both calls go
 // through the dispatcher, so torch.compile traces them as the fwd/bwd ops.
+// A backward that autograd itself records (create_graph=True) computes the
+// gradients with differentiable ATen ops instead, so double backward works.
+#include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
@@ -50,18 +53,55 @@ OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullop
 
 // Calls the bwd op (`call`, on tensors already unpacked) below the Autograd
 // key where the op's autograd kernel, torch's not-implemented fallback (a
-// boxed call), would only redispatch: grad mode off (a backward without
-// create_graph) and no forward-mode tangent on the incoming gradient (the
-// fallback raises on one: forward-over-reverse).  Otherwise through it, so a
-// second derivative or a tangent raises instead of silently missing a term.
+// boxed call), would only redispatch: no forward-mode tangent on the
+// incoming gradient.  With one (forward-over-reverse) through it, so that the
+// fallback raises instead of silently dropping the tangent.  (A backward
+// under create_graph takes differentiable_bwd instead.)
 // The saved tensors must be unpacked before, outside the guard: unpacking
 // runs saved-tensor hooks, and non-reentrant checkpointing recomputes the
 // forward in one, which must record as it did the first time.
 template <typename F>
 auto call_bwd_op(const Tensor& grad, F&& call) {
-  if (at::GradMode::is_enabled() || grad._fw_grad(/*level=*/0).defined()) return call();
+  if (grad._fw_grad(/*level=*/0).defined()) return call();
   at::AutoDispatchBelowADInplaceOrView guard;
   return call();
+}
+
+// The backward as differentiable ATen ops, for a backward that autograd
+// records (create_graph=True: double backward, gradgradcheck, hessians):
+// with xhat = (x - mean) * rstd and g = dy * w,
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (RMSNorm: no mean(g)),
+//   dw = sum_rows dy * xhat,  db = sum_rows dy.
+// mean and rstd are recomputed from x here, not taken from the forward, so
+// that their own dependence on x is differentiated too.  Math in the
+// statistics dtype (fp32, fp64 for double), results in the input's and the
+// weight's dtypes, as the kernels return them.
+std::tuple<Tensor, Tensor, Tensor> differentiable_bwd(const Tensor& dy, const Tensor& x, at::IntArrayRef shape,
+                                                      const Tensor& w, const Tensor& b, double eps,
+                                                      std::array<bool, 3> mask, bool rms) {
+  int64_t cols = 1;
+  for (int64_t v : shape) cols *= v;
+  Tensor dx, dw, db;
+  if (cols == 0) {  // empty rows: every gradient is empty
+    if (mask[0]) dx = at::zeros_like(x, at::MemoryFormat::Contiguous);
+    if (mask[1] && w.defined()) dw = at::zeros_like(w);
+    if (mask[2] && b.defined()) db = at::zeros_like(b);
+    return {dx, dw, db};
+  }
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const Tensor x2 = x.reshape({-1, cols}).to(acc), dy2 = dy.reshape({-1, cols}).to(acc);
+  const Tensor xc = rms ? x2 : x2 - x2.mean(-1, /*keepdim=*/true);
+  const Tensor rstd = (xc * xc).mean(-1, /*keepdim=*/true).add(eps).rsqrt();
+  const Tensor xhat = xc * rstd;
+  if (mask[0]) {
+    const Tensor g = w.defined() ? dy2 * w.reshape({cols}).to(acc) : dy2;
+    Tensor inner = g - xhat * (g * xhat).mean(-1, /*keepdim=*/true);
+    if (!rms) inner = inner - g.mean(-1, /*keepdim=*/true);
+    dx = (rstd * inner).to(x.scalar_type()).reshape(x.sizes());
+  }
+  if (mask[1] && w.defined()) dw = (dy2 * xhat).sum(0).to(w.scalar_type()).reshape(shape);
+  if (mask[2] && b.defined()) db = dy2.sum(0).to(b.scalar_type()).reshape(shape);
+  return {dx, dw, db};
 }
 
 // The backward nodes, written like torch's generated ones: a Node that holds
@@ -76,6 +116,7 @@ class NormBackward : public Node {
  public:
   std::array<SavedVariable, kSaved> saved;
   std::vector<int64_t> shape;
+  double eps = 0;  // as the forward used it (RMSNorm's default resolved)
 
   void release_variables() override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -94,6 +135,10 @@ class LayerNormBackward : public NormBackward<5> {
                                    task_should_compute_output(2)};
     const Tensor x = saved[kInput].unpack(), mean = saved[kMean].unpack(), rstd = saved[kRstd].unpack();
     const Tensor w = saved[kWeight].unpack(), b = saved[kBias].unpack();
+    if (at::GradMode::is_enabled()) {
+      auto [dx, dw, db] = differentiable_bwd(grads[0], x, shape, w, b, eps, mask, /*rms=*/false);
+      return {std::move(dx), std::move(dw), std::move(db)};
+    }
     auto [dx, dw, db] = call_bwd_op(
         grads[0], [&] { return ln_bwd_op().call(grads[0], x, shape, mean, rstd, opt(w), opt(b), mask); });
     return {std::move(dx), std::move(dw), std::move(db)};
@@ -109,6 +154,11 @@ class RMSNormBackward : public NormBackward<3> {
     if (!grads[0].defined()) return variable_list(2);
     const std::array<bool, 2> mask{task_should_compute_output(0), task_should_compute_output(1)};
     const Tensor x = saved[kInput].unpack(), rstd = saved[kRstd].unpack(), w = saved[kWeight].unpack();
+    if (at::GradMode::is_enabled()) {
+      auto [dx, dw, db] = differentiable_bwd(grads[0], x, shape, w, Tensor(), eps, {mask[0], mask[1], false},
+                                             /*rms=*/true);
+      return {std::move(dx), std::move(dw)};
+    }
     auto [dx, dw] =
         call_bwd_op(grads[0], [&] { return rms_bwd_op().call(grads[0], x, shape, rstd, opt(w), mask); });
     return {std::move(dx), std::move(dw)};
@@ -159,6 +209,7 @@ Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef shape, const Opt
   node->saved[LayerNormBackward::kMean] = SavedVariable(mean, false);
   node->saved[LayerNormBackward::kRstd] = SavedVariable(rstd, false);
   node->shape = shape.vec();
+  node->eps = eps;
   torch::autograd::set_history(y, node);
   return y;
 }
@@ -181,6 +232,7 @@ Tensor rms_norm_autograd(const Tensor& input, at::IntArrayRef shape, const OptTe
   node->saved[RMSNormBackward::kWeight] = save(w);
   node->saved[RMSNormBackward::kRstd] = SavedVariable(rstd, false);
   node->shape = shape.vec();
+  node->eps = rms_eps(input, eps);
   torch::autograd::set_history(y, node);
   return y;
 }

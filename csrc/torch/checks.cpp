@@ -40,7 +40,8 @@ static void check_param(const char* op, const char* name, const at::Tensor& p, c
 }
 
 at::ScalarType check_norm_args(const char* op, const at::Tensor& input, at::IntArrayRef normalized_shape,
-                               const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
+                               const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                               bool allow_empty) {
   TORCH_CHECK_VALUE(input.defined(), op, ": input is undefined");
   TORCH_CHECK_VALUE(supported_dtype(input.scalar_type()), op,
                     ": input must be float64, float32, float16 or bfloat16, got ", input.scalar_type());
@@ -49,7 +50,8 @@ at::ScalarType check_norm_args(const char* op, const at::Tensor& input, at::IntA
   TORCH_CHECK_VALUE(k <= nd, op, ": normalized_shape ", dims(normalized_shape),
                     " has more dimensions than input (shape ", dims(input.sym_sizes()), ")");
   for (int64_t j = 0; j < k; ++j) {
-    TORCH_CHECK_VALUE(normalized_shape[j] > 0, op, ": normalized_shape must be positive, got ",
+    TORCH_CHECK_VALUE(normalized_shape[j] > 0 || (allow_empty && normalized_shape[j] == 0), op,
+                      ": normalized_shape must be ", allow_empty ? "non-negative" : "positive", ", got ",
                       dims(normalized_shape));
     TORCH_CHECK_VALUE(input.sym_size(nd - k + j) == normalized_shape[j], op, ": normalized_shape ",
                       dims(normalized_shape), " does not match the trailing dimensions of input (shape ",

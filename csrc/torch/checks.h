@@ -10,8 +10,11 @@ namespace fln::glue {
 
 // Checks input / normalized_shape / weight / bias and returns the dtype the
 // kernels use for weight and bias (the input's dtype when both are absent).
+// With allow_empty, normalized_shape may hold zeros (an empty row, which
+// torch's layer_norm and rms_norm accept); otherwise its sizes must be positive.
 at::ScalarType check_norm_args(const char* op, const at::Tensor& input, at::IntArrayRef normalized_shape,
-                               const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias);
+                               const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                               bool allow_empty = false);
 
 // Checks a tensor that must match `input` in shape, dtype and device (grad_out).
 void check_like_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input);

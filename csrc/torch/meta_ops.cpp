@@ -11,7 +11,7 @@ namespace {
 
 std::tuple<Tensor, Tensor, Tensor> fwd_meta(const char* op, const Tensor& input, at::IntArrayRef shape,
                                             const OptTensor& w, const OptTensor& b, bool rms) {
-  check_norm_args(op, input, shape, w, b);
+  check_norm_args(op, input, shape, w, b, /*allow_empty=*/true);
   const auto lead = input.sym_sizes().slice(0, input.dim() - int64_t(shape.size()));
   const auto stats_opts = input.options().dtype(stats_dtype(input.scalar_type()));
   Tensor y = at::empty_symint(input.sym_sizes(), input.options());
@@ -23,7 +23,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_meta(const char* op, const Tensor& dy, co
                                             at::IntArrayRef shape, const Tensor& mean, const Tensor& rstd,
                                             const OptTensor& w, const OptTensor& b, std::array<bool, 3> mask,
                                             bool rms) {
-  check_norm_args(op, input, shape, w, b);
+  check_norm_args(op, input, shape, w, b, /*allow_empty=*/true);
   check_like_input(op, "grad_out", dy, input);
   if (!rms) check_stats(op, "mean", mean, input, shape);
   check_stats(op, "rstd", rstd, input, shape);

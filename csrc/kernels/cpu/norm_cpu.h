@@ -1,9 +1,15 @@
 // CPU LayerNorm / RMSNorm kernels, forward and backward.  Framework-free:
 // raw pointers in, a caller-supplied parallel-for drives the rows.
 //
-// Forward, per row: load into an acc-type scratch row, mean (LayerNorm), then
-// variance as the mean of squared deviations over the scratch row (two passes
-// over on-chip data: accurate when |mean| >> std), then y.
+// Every inner loop is a plain loop over contiguous float (double) arrays, so
+// the compiler vectorises it; 16-bit rows are converted whole into a float
+// scratch row first and packed back after.  Built once per instruction set
+// (FLN_CPU_ISA names the inline namespace, so the builds never collide at
+// link time; see csrc/torch/cpu_backend.cpp).
+//
+// Forward, per row: mean (LayerNorm), then the variance as the mean of
+// squared deviations (a second pass over the row, still in cache: accurate
+// when |mean| >> std), then y = (x - mean) * rstd * w + b.
 //
 // Backward, per row: xhat = (x - mean) * rstd, g = dy * w,
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (RMSNorm drops mean(g)).
@@ -15,56 +21,182 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../dtypes.h"
 #include "../params.h"
 
+#ifndef FLN_CPU_ISA
+#define FLN_CPU_ISA base
+#endif
+
 namespace fln::cpu {
+inline namespace FLN_CPU_ISA {
 
-// Sum of f(i) for i < n with 8 independent accumulators, so the loop
-// vectorises without reassociation flags; the order is fixed, so the result
-// is deterministic.
+// Independent accumulators of a row sum: enough to fill two 512-bit or four
+// 256-bit registers, so the adds pipeline without reassociation flags.  The
+// order of the sum is fixed by the source, so it is deterministic.
+template <typename A>
+inline constexpr int kLanes = 64 / int(sizeof(A)) * 2;
+
+// Pairwise sum of the lanes, written as fresh halves so that the compiler
+// keeps them in registers (an in-place tree spills them to the stack).
+template <typename A, int L>
+inline A reduce_lanes(const A (&s)[L]) {
+  if constexpr (L == 1) {
+    return s[0];
+  } else {
+    A t[L / 2];
+    for (int k = 0; k < L / 2; ++k) t[k] = s[k] + s[k + L / 2];
+    return reduce_lanes<A, L / 2>(t);
+  }
+}
+
+// Sum of f(i) for i < n.
 template <typename A, typename F>
-inline A sum8(int64_t n, F&& f) {
-  A s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+inline A lane_sum(int64_t n, F&& f) {
+  constexpr int L = kLanes<A>;
+  A s[L] = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) s[k] += f(i + k);
-  for (; i < n; ++i) s[0] += f(i);
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  for (; i + L <= n; i += L)
+    for (int k = 0; k < L; ++k) s[k] += f(i + k);
+  for (int k = 0; k < L && i + k < n; ++k) s[k] += f(i + k);
+  return reduce_lanes<A, L>(s);
 }
 
-template <typename T, typename A>
-inline void load_row(const T* src, int64_t n, A* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = load_as<A>(src[i]);
+// Sums of f(i) and g(i) for i < n in one pass.
+template <typename A, typename F, typename G>
+inline void lane_sum2(int64_t n, F&& f, G&& g, A& sf, A& sg) {
+  constexpr int L = kLanes<A>;
+  A a[L] = {}, b[L] = {};
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int k = 0; k < L; ++k) {
+      a[k] += f(i + k);
+      b[k] += g(i + k);
+    }
+  for (int k = 0; k < L && i + k < n; ++k) {
+    a[k] += f(i + k);
+    b[k] += g(i + k);
+  }
+  sf = reduce_lanes<A, L>(a);
+  sg = reduce_lanes<A, L>(b);
 }
 
-template <typename W, typename A>
-inline std::vector<A> load_param(const void* p, int64_t n, A fill) {
-  std::vector<A> out(size_t(n), fill);
-  if (p) load_row(static_cast<const W*>(p), n, out.data());
-  return out;
+// Element conversions to and from the acc type, written so that loops over
+// them vectorise: bf16 <-> float are bit operations (the rounding is
+// bf16_from_float's, without its branch).  Half keeps the scalar conversions.
+template <typename A>
+inline A load_acc(BFloat16 v) {
+  const uint32_t u = uint32_t(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return A(f);
 }
+template <typename A>
+inline A load_acc(Half v) { return A(to_float(v)); }
+template <typename A>
+inline A load_acc(float v) { return A(v); }
+template <typename A>
+inline A load_acc(double v) { return A(v); }
+
+template <typename D, typename A>
+inline D store_acc(A v) {
+  if constexpr (std::is_same_v<D, BFloat16>) {
+    uint32_t u;
+    const float f = float(v);
+    std::memcpy(&u, &f, 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x40u;
+    return BFloat16{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
+  } else if constexpr (std::is_same_v<D, Half>) {
+    return half_from_float(float(v));
+  } else {
+    return D(v);
+  }
+}
+
+template <typename S, typename A>
+inline void to_acc(const S* __restrict s, int64_t n, A* __restrict d) {
+  for (int64_t i = 0; i < n; ++i) d[i] = load_acc<A>(s[i]);
+}
+template <typename D, typename A>
+inline void from_acc(const A* __restrict s, int64_t n, D* __restrict d) {
+  for (int64_t i = 0; i < n; ++i) d[i] = store_acc<D>(s[i]);
+}
+
+// A row (or parameter) as acc-type values: in place when it is stored in the
+// acc type, else converted into `buf`.
+template <typename S, typename A>
+inline const A* acc_view(const S* p, int64_t n, A* buf) {
+  if constexpr (std::is_same_v<S, A>) {
+    return p;
+  } else {
+    to_acc(p, n, buf);
+    return buf;
+  }
+}
+
+// out = (x - mean) * rstd * w + b in out's dtype, w and b optional.
+template <typename A, typename D>
+inline void normalize_row(const A* __restrict x, int64_t n, A mean, A rstd, const A* __restrict w,
+                          const A* __restrict b, D* __restrict out) {
+  if (w && b)
+    for (int64_t i = 0; i < n; ++i) out[i] = store_acc<D>((x[i] - mean) * rstd * w[i] + b[i]);
+  else if (w)
+    for (int64_t i = 0; i < n; ++i) out[i] = store_acc<D>((x[i] - mean) * rstd * w[i]);
+  else if (b)
+    for (int64_t i = 0; i < n; ++i) out[i] = store_acc<D>((x[i] - mean) * rstd + b[i]);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i] = store_acc<D>((x[i] - mean) * rstd);
+}
+
+// Per-task scratch: the acc-type weight and bias (converted once per task)
+// and the scratch rows of 16-bit dtypes.
+template <typename A>
+struct Scratch {
+  std::vector<A> buf;
+  A* take(int64_t n, size_t& used) {
+    A* p = buf.data() + used;
+    used += size_t(n);
+    return p;
+  }
+};
 
 // Forward over rows [begin, end).
 template <typename T, typename W>
 void norm_fwd_rows(const FwdParams& p, int64_t begin, int64_t end) {
   using A = acc_t<T>;
+  constexpr bool kConvertX = !std::is_same_v<T, A>, kConvertW = !std::is_same_v<W, A>;
   const int64_t n = p.cols;
-  const std::vector<A> w = load_param<W, A>(p.w, n, A(1));
-  const std::vector<A> b = load_param<W, A>(p.b, n, A(0));
-  std::vector<A> row_buf(static_cast<size_t>(n));
-  A* __restrict row = row_buf.data();
-  const A* __restrict wp = w.data();
-  const A* __restrict bp = b.data();
+  const bool has_b = p.b && !p.rms;
+  Scratch<A> s;
+  s.buf.resize(size_t(n) * ((kConvertW ? 2 : 0) + (kConvertX ? 1 : 0)));
+  size_t used = 0;
+  const A* w = p.w ? acc_view(static_cast<const W*>(p.w), n, kConvertW ? s.take(n, used) : nullptr) : nullptr;
+  const A* b = has_b ? acc_view(static_cast<const W*>(p.b), n, kConvertW ? s.take(n, used) : nullptr) : nullptr;
+  A* __restrict xbuf = kConvertX ? s.take(n, used) : nullptr;
+  const bool rms = p.rms;
   for (int64_t r = begin; r < end; ++r) {
-    load_row(static_cast<const T*>(p.x) + r * p.x_stride, n, row);
-    const A mean = p.rms ? A(0) : sum8<A>(n, [&](int64_t i) { return row[i]; }) / A(n);
-    const A var = sum8<A>(n, [&](int64_t i) { return (row[i] - mean) * (row[i] - mean); }) / A(n);
+    const T* __restrict xr = static_cast<const T*>(p.x) + r * p.x_stride;
+    // The first pass also converts a 16-bit row into xbuf, which the later
+    // passes read.
+    auto load = [&](int64_t i) {
+      const A v = load_acc<A>(xr[i]);
+      if constexpr (kConvertX) xbuf[i] = v;
+      return v;
+    };
+    const A s1 = (rms ? lane_sum<A>(n, [&](int64_t i) { const A v = load(i); return v * v; })
+                      : lane_sum<A>(n, load)) / A(n);
+    const A* __restrict x;
+    if constexpr (kConvertX) x = xbuf;
+    else x = xr;
+    const A mean = rms ? A(0) : s1;
+    const A var = rms ? s1 : lane_sum<A>(n, [&](int64_t i) { return (x[i] - mean) * (x[i] - mean); }) / A(n);
     const A rstd = A(1) / std::sqrt(var + A(p.eps));
-    T* __restrict y = static_cast<T*>(p.y) + r * n;
-    for (int64_t i = 0; i < n; ++i) y[i] = store_as<T>((row[i] - mean) * rstd * wp[i] + bp[i]);
+    normalize_row(x, n, mean, rstd, w, b, static_cast<T*>(p.y) + r * n);
     if (p.mean) static_cast<A*>(p.mean)[r] = mean;
     if (p.rstd) static_cast<A*>(p.rstd)[r] = rstd;
   }
@@ -81,51 +213,100 @@ inline int64_t bwd_num_chunks(int64_t rows) {
   return rows == 0 ? 0 : (rows + bwd_chunk_rows(rows) - 1) / bwd_chunk_rows(rows);
 }
 
-// Backward over chunk c: writes dx for its rows and, when requested, its
-// partial dweight / dbias rows (cols each) into part_w / part_b.
+// Backward over chunks [c_begin, c_end): writes dx for their rows and, when
+// requested, each chunk's partial dweight / dbias row (cols each) into
+// part_w / part_b (indexed by chunk).
 template <typename T, typename W>
-void norm_bwd_chunk(const BwdParams& p, int64_t c, acc_t<T>* part_w, acc_t<T>* part_b) {
+void norm_bwd_chunks(const BwdParams& p, int64_t c_begin, int64_t c_end, acc_t<T>* part_w, acc_t<T>* part_b) {
   using A = acc_t<T>;
+  constexpr bool kConvertX = !std::is_same_v<T, A>, kConvertW = !std::is_same_v<W, A>;
   const int64_t n = p.cols;
-  const int64_t begin = c * bwd_chunk_rows(p.rows);
-  const int64_t end = std::min(p.rows, begin + bwd_chunk_rows(p.rows));
-  const std::vector<A> w = load_param<W, A>(p.w, n, A(1));
-  std::vector<A> xhat_buf(static_cast<size_t>(n)), g_buf(static_cast<size_t>(n));
-  A* __restrict xhat = xhat_buf.data();
-  A* __restrict g = g_buf.data();
-  const A* __restrict wp = w.data();
-  if (part_w) std::fill(part_w, part_w + n, A(0));
-  if (part_b) std::fill(part_b, part_b + n, A(0));
-  for (int64_t r = begin; r < end; ++r) {
-    const T* x = static_cast<const T*>(p.x) + r * p.x_stride;
-    const T* dy = static_cast<const T*>(p.dy) + r * p.dy_stride;
-    const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[r];
-    const A rstd = static_cast<const A*>(p.rstd)[r];
-    for (int64_t i = 0; i < n; ++i) {
-      const A d = load_as<A>(dy[i]);
-      xhat[i] = (load_as<A>(x[i]) - mean) * rstd;
-      g[i] = d * wp[i];
+  Scratch<A> s;
+  s.buf.resize(size_t(n) * ((kConvertW ? 1 : 0) + (kConvertX ? 2 : 0)));
+  size_t used = 0;
+  const A* __restrict w =
+      p.w ? acc_view(static_cast<const W*>(p.w), n, kConvertW ? s.take(n, used) : nullptr) : nullptr;
+  A* __restrict xbuf = kConvertX ? s.take(n, used) : nullptr;
+  A* __restrict dybuf = kConvertX ? s.take(n, used) : nullptr;
+  const A inv_n = A(1) / A(n);
+  const bool rms = p.rms;
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int64_t begin = c * bwd_chunk_rows(p.rows);
+    const int64_t end = std::min(p.rows, begin + bwd_chunk_rows(p.rows));
+    A* __restrict pw = part_w ? part_w + c * n : nullptr;
+    A* __restrict pb = part_b ? part_b + c * n : nullptr;
+    if (pw) std::fill(pw, pw + n, A(0));
+    if (pb) std::fill(pb, pb + n, A(0));
+    for (int64_t r = begin; r < end; ++r) {
+      const T* __restrict xr = static_cast<const T*>(p.x) + r * p.x_stride;
+      const T* __restrict dyr = static_cast<const T*>(p.dy) + r * p.dy_stride;
+      const A* __restrict x;
+      const A* __restrict dy;
+      if constexpr (kConvertX) {
+        for (int64_t i = 0; i < n; ++i) {
+          xbuf[i] = load_acc<A>(xr[i]);
+          dybuf[i] = load_acc<A>(dyr[i]);
+        }
+        x = xbuf;
+        dy = dybuf;
+      } else {
+        x = xr;
+        dy = dyr;
+      }
+      const A mean = rms ? A(0) : static_cast<const A*>(p.mean)[r];
+      const A rstd = static_cast<const A*>(p.rstd)[r];
+      if (pw && pb)
+        for (int64_t i = 0; i < n; ++i) {
+          pw[i] += dy[i] * ((x[i] - mean) * rstd);
+          pb[i] += dy[i];
+        }
+      else if (pw)
+        for (int64_t i = 0; i < n; ++i) pw[i] += dy[i] * ((x[i] - mean) * rstd);
+      else if (pb)
+        for (int64_t i = 0; i < n; ++i) pb[i] += dy[i];
+      if (!p.dx) continue;
+      // c_gx = mean(g * xhat), c_g = mean(g).
+      A s_gx, s_g = A(0);
+      if (w) {
+        if (rms)
+          s_gx = lane_sum<A>(n, [&](int64_t i) { return dy[i] * w[i] * ((x[i] - mean) * rstd); });
+        else
+          lane_sum2<A>(n, [&](int64_t i) { return dy[i] * w[i] * ((x[i] - mean) * rstd); },
+                       [&](int64_t i) { return dy[i] * w[i]; }, s_gx, s_g);
+      } else {
+        if (rms)
+          s_gx = lane_sum<A>(n, [&](int64_t i) { return dy[i] * ((x[i] - mean) * rstd); });
+        else
+          lane_sum2<A>(n, [&](int64_t i) { return dy[i] * ((x[i] - mean) * rstd); },
+                       [&](int64_t i) { return dy[i]; }, s_gx, s_g);
+      }
+      const A c_gx = s_gx * inv_n, c_g = s_g * inv_n;
+      T* __restrict dx = static_cast<T*>(p.dx) + r * n;
+      if (w)
+        for (int64_t i = 0; i < n; ++i)
+          dx[i] = store_acc<T>(rstd * (dy[i] * w[i] - c_g - ((x[i] - mean) * rstd) * c_gx));
+      else
+        for (int64_t i = 0; i < n; ++i) dx[i] = store_acc<T>(rstd * (dy[i] - c_g - ((x[i] - mean) * rstd) * c_gx));
     }
-    if (part_w)
-      for (int64_t i = 0; i < n; ++i) part_w[i] += load_as<A>(dy[i]) * xhat[i];
-    if (part_b)
-      for (int64_t i = 0; i < n; ++i) part_b[i] += load_as<A>(dy[i]);
-    if (!p.dx) continue;
-    const A c_gx = sum8<A>(n, [&](int64_t i) { return g[i] * xhat[i]; }) / A(n);
-    const A c_g = p.rms ? A(0) : sum8<A>(n, [&](int64_t i) { return g[i]; }) / A(n);
-    T* __restrict dx = static_cast<T*>(p.dx) + r * n;
-    for (int64_t i = 0; i < n; ++i) dx[i] = store_as<T>(rstd * (g[i] - c_g - xhat[i] * c_gx));
   }
 }
 
-// Sums the partial rows in chunk order and stores in the weight dtype.
+// Sums the partial rows of columns [begin, end) in chunk order and stores
+// them in the weight dtype.
 template <typename W, typename A>
-void finalize_partials(const A* parts, int64_t nparts, int64_t cols, W* out) {
-  std::vector<A> acc(size_t(cols), A(0));
-  for (int64_t c = 0; c < nparts; ++c)
-    for (int64_t i = 0; i < cols; ++i) acc[i] += parts[c * cols + i];
-  for (int64_t i = 0; i < cols; ++i) out[i] = store_as<W>(acc[i]);
+void finalize_partials(const A* parts, int64_t nparts, int64_t cols, int64_t begin, int64_t end, W* out) {
+  const int64_t m = end - begin;
+  std::vector<A> acc(parts + begin, parts + end);
+  for (int64_t c = 1; c < nparts; ++c) {
+    const A* __restrict src = parts + c * cols + begin;
+    A* __restrict dst = acc.data();
+    for (int64_t i = 0; i < m; ++i) dst[i] += src[i];
+  }
+  from_acc(acc.data(), m, out + begin);
 }
+
+// Columns per finalize task.
+inline constexpr int64_t kFinalizeCols = 1024;
 
 // Whole ops.  ParallelFor is callable as pf(n, fn) and must call fn(begin, end)
 // over a partition of [0, n); a serial loop is a valid choice.
@@ -141,16 +322,24 @@ void norm_bwd(const BwdParams& p, ParallelFor&& pf) {
   const int64_t n = p.cols;
   std::vector<A> part_w(p.dw ? size_t(chunks * n) : 0), part_b(p.db ? size_t(chunks * n) : 0);
   pf(chunks, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c)
-      norm_bwd_chunk<T, W>(p, c, p.dw ? part_w.data() + c * n : nullptr,
-                           p.db ? part_b.data() + c * n : nullptr);
+    norm_bwd_chunks<T, W>(p, b, e, p.dw ? part_w.data() : nullptr, p.db ? part_b.data() : nullptr);
   });
-  if (p.dw) finalize_partials(part_w.data(), chunks, n, static_cast<W*>(p.dw));
-  if (p.db) finalize_partials(part_b.data(), chunks, n, static_cast<W*>(p.db));
+  if (!p.dw && !p.db) return;
+  if (chunks == 0) {  // no rows: the gradients are zero
+    if (p.dw) std::fill(static_cast<W*>(p.dw), static_cast<W*>(p.dw) + n, store_as<W>(A(0)));
+    if (p.db) std::fill(static_cast<W*>(p.db), static_cast<W*>(p.db) + n, store_as<W>(A(0)));
+    return;
+  }
+  pf((n + kFinalizeCols - 1) / kFinalizeCols, [&](int64_t b, int64_t e) {
+    const int64_t begin = b * kFinalizeCols, end = std::min(n, e * kFinalizeCols);
+    if (p.dw) finalize_partials(part_w.data(), chunks, n, begin, end, static_cast<W*>(p.dw));
+    if (p.db) finalize_partials(part_b.data(), chunks, n, begin, end, static_cast<W*>(p.db));
+  });
 }
 
 inline auto serial_for() {
   return [](int64_t n, auto&& fn) { if (n > 0) fn(int64_t(0), n); };
 }
 
+}  // namespace FLN_CPU_ISA
 }  // namespace fln::cpu

@@ -1,0 +1,37 @@
+// The CPU kernels' entry points, one set per instruction set.  Each set is
+// the same source (cpu_kernels_impl.h over csrc/kernels/cpu/norm_cpu.h)
+// compiled in its own file under a target pragma and its own namespace;
+// cpu_backend.cpp picks the best set the CPU supports, once.
+#pragma once
+#include <ATen/Parallel.h>
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "../kernels/dtypes.h"
+#include "../kernels/params.h"
+#include "dispatch.h"
+
+namespace fln::glue {
+
+struct CpuKernels {
+  const char* isa;
+  void (*fwd)(const FwdParams& p, at::ScalarType xt, at::ScalarType wt);
+  void (*bwd)(const BwdParams& p, at::ScalarType xt, at::ScalarType wt);
+};
+
+// Null where this build has no such set (another architecture, or a compiler
+// without the target pragma).
+extern const CpuKernels* const kCpuKernelsBase;
+extern const CpuKernels* const kCpuKernelsAvx2;
+extern const CpuKernels* const kCpuKernelsAvx512;
+
+// The set the CPU backend runs ("base", "avx2" or "avx512").
+const char* cpu_kernels_isa();
+
+}  // namespace fln::glue

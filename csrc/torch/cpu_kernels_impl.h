@@ -1,0 +1,31 @@
+// One instruction set's CPU kernels (see cpu_kernels.h).  Included once per
+// file, after every library header, with FLN_CPU_ISA set and, for the x86
+// sets, inside a target pragma: only the code below is compiled for that set.
+#include "../kernels/cpu/norm_cpu.h"
+
+namespace fln::glue::FLN_CPU_ISA {
+
+// Rows per task: enough work to amortise a task.  at::parallel_for gives each
+// thread one contiguous range, so the per-task scratch is set up once a thread.
+static auto parallel_rows(int64_t cols) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  return [grain](int64_t n, auto&& fn) { at::parallel_for(0, n, grain, fn); };
+}
+
+static void fwd(const FwdParams& p, at::ScalarType xt, at::ScalarType wt) {
+  dispatch_norm_types(xt, wt, [&](auto t, auto w) {
+    using T = typename decltype(t)::type;
+    using W = typename decltype(w)::type;
+    fln::cpu::norm_fwd<T, W>(p, parallel_rows(p.cols));
+  });
+}
+
+static void bwd(const BwdParams& p, at::ScalarType xt, at::ScalarType wt) {
+  dispatch_norm_types(xt, wt, [&](auto t, auto w) {
+    using T = typename decltype(t)::type;
+    using W = typename decltype(w)::type;
+    fln::cpu::norm_bwd<T, W>(p, [](int64_t n, auto&& fn) { at::parallel_for(0, n, 1, fn); });
+  });
+}
+
+}  // namespace fln::glue::FLN_CPU_ISA
