@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
+#include <limits>
 #include <mutex>
 
 #include "../kernels/add_norm/cpu.h"
@@ -30,7 +31,7 @@ bool has(const OptTensor& t) { return t.has_value() && t->defined(); }
 at::ScalarType check_fwd(const char* op, const Tensor& input, const OptTensor& residual, at::IntArrayRef shape,
                          const OptTensor& w, const OptTensor& b, bool rms, double p,
                          std::optional<at::ScalarType> residual_dtype) {
-  check_norm_args(op, input, shape, w, b);
+  check_norm_args(op, input, shape, w, b, /*allow_empty=*/true);
   TORCH_CHECK_VALUE(!(rms && has(b)), op, ": RMSNorm takes no bias");
   TORCH_CHECK_VALUE(p >= 0.0 && p <= 1.0, op, ": dropout_p must be in [0, 1], got ", p);
   at::ScalarType rt = residual_dtype ? *residual_dtype : has(residual) ? residual->scalar_type() : input.scalar_type();
@@ -51,7 +52,7 @@ at::ScalarType check_fwd(const char* op, const Tensor& input, const OptTensor& r
 void check_bwd(const char* op, const Tensor& dy, const OptTensor& dh, const Tensor& h, at::IntArrayRef shape,
                const OptTensor& mean, const Tensor& rstd, const OptTensor& w, const OptTensor& b, bool rms,
                at::ScalarType xt, double p, const OptTensor& rng) {
-  check_norm_args(op, h, shape, std::nullopt, std::nullopt);
+  check_norm_args(op, h, shape, std::nullopt, std::nullopt, /*allow_empty=*/true);
   TORCH_CHECK_VALUE(dy.sym_sizes().equals(h.sym_sizes()) && dy.scalar_type() == xt, op,
                     ": grad_out must have h's shape and the input's dtype");
   if (has(dh))
@@ -85,7 +86,7 @@ FwdOut add_norm_fwd_impl(const AddNormBackend& be, const Tensor& input, const Op
   const char* op = op_name(rms);
   const at::ScalarType rt = check_fwd(op, input, residual, shape, weight, bias, rms, dropout_p, residual_dtype);
   const at::ScalarType wt = has(weight) ? weight->scalar_type() : has(bias) ? bias->scalar_type() : input.scalar_type();
-  const int64_t cols = product(shape), rows = input.numel() / cols;
+  const int64_t cols = product(shape), rows = cols ? input.numel() / cols : 0;  // an empty row: nothing to do
   const auto lead = input.sizes().slice(0, input.dim() - int64_t(shape.size()));
   const auto stats_opts = input.options().dtype(stats_dtype(input.scalar_type()));
   const bool dropout = dropout_p > 0.0;
@@ -122,6 +123,12 @@ FwdOut add_norm_fwd_impl(const AddNormBackend& be, const Tensor& input, const Op
     p.rng = be.draw(gen, input);
     p.rng_out = rng.mutable_data_ptr<int64_t>();
   }
+  if (cols == 0) {  // as torch: an empty y, and the statistics of an empty row, 0 / 0 (mean 0, rstd NaN)
+    mean.zero_();
+    rstd.fill_(std::numeric_limits<double>::quiet_NaN());
+    if (dropout) rng.zero_();
+    return {y, h, mean, rstd, rng, mask};
+  }
   if (rows > 0 || dropout) be.fwd(p, input.scalar_type(), wt, rt, input);
   return {y, h, mean, rstd, rng, mask};
 }
@@ -132,14 +139,19 @@ BwdOut add_norm_bwd_impl(const AddNormBackend& be, const Tensor& grad_out, const
                          const OptTensor& rng_state, at::ScalarType input_dtype, std::array<bool, 4> mask) {
   const char* op = rms ? "fused_layernorm.rms_norm_backward" : "fused_layernorm.layer_norm_backward";
   check_bwd(op, grad_out, grad_h, h, shape, mean, rstd, weight, bias, rms, input_dtype, dropout_p, rng_state);
-  const int64_t cols = product(shape), rows = h.numel() / cols;
+  const int64_t cols = product(shape), rows = cols ? h.numel() / cols : 0;
   const at::ScalarType rt = h.scalar_type();
   const bool shared = dropout_p == 0.0 && rt == input_dtype;  // dresidual == dx
   Tensor dx = mask[0] || (shared && mask[1]) ? empty_like_rows(h, input_dtype) : Tensor();
   Tensor dres = mask[1] && !shared ? empty_like_rows(h, rt) : Tensor();
   Tensor dw = mask[2] && has(weight) ? at::empty(shape, weight->options()) : Tensor();
   Tensor db = mask[3] && has(bias) ? at::empty(shape, bias->options()) : Tensor();
-  if (!dw.defined() && !db.defined() && (rows == 0 || (!dx.defined() && !dres.defined()))) return {dx, dres, dw, db};
+  if (cols == 0 || rows == 0) {  // no element: the weight gradients are sums of nothing
+    if (dw.defined()) dw.zero_();
+    if (db.defined()) db.zero_();
+    return {dx, dres, dw, db};
+  }
+  if (!dw.defined() && !db.defined() && !dx.defined() && !dres.defined()) return {dx, dres, dw, db};
   const at::ScalarType wt = has(weight) ? weight->scalar_type() : input_dtype;
   const Rows hr = rows_view(h, rows, cols), dyr = rows_view(grad_out, rows, cols);
   Rows dhr{Tensor(), 0};

@@ -363,3 +363,17 @@ def test_deterministic_weight_gradients(seed):
         grads.append((wl.grad, bl.grad, xl.grad))
     for a, e in zip(*grads):
         assert torch.equal(a, e)
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_empty_rows(kind, device):
+    """hidden 0 (and no rows): empty outputs and gradients, as torch."""
+    for shape in [(4, 0), (0, 16)]:
+        x = torch.randn(shape, device=device, requires_grad=True)
+        r = torch.randn(shape, device=device, requires_grad=True)
+        w = torch.randn(shape[-1:], device=device, requires_grad=True)
+        y, h = _run(kind, x, r, w, None, 1e-5, dropout_p=0.2, return_residual=True)
+        assert y.shape == shape and h.shape == shape
+        (y.sum() + h.sum()).backward()
+        assert x.grad.shape == shape and r.grad.shape == shape
+        assert w.grad.shape == shape[-1:] and not w.grad.any()

@@ -202,8 +202,6 @@ def test_eps_numbers_are_accepted_as_torch_does(eps, device):
     torch.testing.assert_close(_C.rms_norm(x, [8], None, eps), F.rms_norm(x, (8,), eps=float(eps)))
 
 
-@pytest.mark.xfail(strict=True, reason="fused_layernorm/functional.py converts eps with float(), which parses "
-                   "strings; passing eps through unconverted makes _C raise (remove this mark then)")
 @pytest.mark.parametrize("fn", ["layer_norm", "rms_norm", "fused_layer_norm", "fused_rms_norm"])
 def test_eps_string_is_a_type_error(fn, device):
     x = torch.randn(4, 8, device=device)
