@@ -161,6 +161,58 @@ def bytes_moved(direction, rows, hidden, es, p, n_params):
     return (5 if p > 0 else 4) * big + (1 + n_params) * hidden * es
 
 
+def rows_from_log(text):
+    """The cells of a run's printed log (lines '<op> <dtype> p=<p> <hidden>x<rows>: peer:dir=pct ...')."""
+    import re
+    rows = []
+    for line in text.splitlines():
+        m = re.match(r"(\w+) (\w+) p=([\d.]+) (\d+)x(\d+): (.*)", line.strip())
+        if not m:
+            continue
+        op, dt, p, hidden, n_rows, cells = m.groups()
+        for cell in cells.split():
+            c = re.match(r"(\w+):(\w+)=([\d.]+)$", cell)
+            if c:
+                rows.append(dict(op=op, dtype=dt, dropout=float(p), hidden=int(hidden), rows=int(n_rows),
+                                 peer=c.group(1), direction=c.group(2), status="ok", pct_copy=float(c.group(3))))
+    return rows
+
+
+def plot(rows, path, title=""):
+    """% of copy bandwidth against hidden size, one panel per (op, dtype, dropout, direction), a line per peer."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ok = [r for r in rows if r.get("status") == "ok"]
+    panels = sorted({(r["op"], r["dtype"], r["dropout"], r["direction"]) for r in ok})
+    if not panels:
+        return None
+    cols = 4
+    nrows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
+    for ax, key in zip(axes.flat, panels):
+        for peer in PEERS:
+            pts = sorted((r["hidden"], r["pct_copy"]) for r in ok
+                         if (r["op"], r["dtype"], r["dropout"], r["direction"]) == key and r["peer"] == peer)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=peer, color=f"C{PEERS.index(peer)}",
+                        linewidth=2.5 if peer == "ours" else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 105)
+        ax.set_title(f"{key[0]} {key[1]} p={key[2]} {key[3]}", fontsize=9)
+        ax.set_xlabel("hidden")
+        ax.set_ylabel("% of copy bandwidth")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m fused_layernorm.bench.fused", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -175,7 +227,14 @@ def main(argv=None):
     ap.add_argument("--log2-numel", type=int, default=27)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="bench/out")
+    ap.add_argument("--plot-log", help="draw the plot of a saved run log (its printed lines) and exit")
     a = ap.parse_args(argv)
+    if a.plot_log:
+        text = Path(a.plot_log).read_text()
+        head = text.splitlines()[0] if text else ""
+        out = plot(rows_from_log(text), Path(a.plot_log).with_suffix(".png"), head)
+        print(f"wrote {out}")
+        return 0
     if not torch.cuda.is_available():
         print("the fused benchmark needs a GPU")
         return 0
@@ -258,6 +317,10 @@ def main(argv=None):
         torch.cuda.empty_cache()
         write()
     write()
+    try:
+        plot(rows_out, out / "fused.png", f"{env['gpu_name']}, git {env['commit']}")
+    except ImportError:
+        pass  # no matplotlib: the JSON has the numbers
     bad = [r for r in rows_out if r["peer"] == "ours" and r["status"] != "ok"]
     print(f"wrote {out / 'fused.json'}; ours failed {len(bad)} cell(s)")
     return 1 if bad else 0
