@@ -67,3 +67,19 @@ def test_rounds_and_reps_must_be_positive(flag, capsys):
     with pytest.raises(SystemExit):
         main(["--cpu", flag, "0"])
     assert f"{flag} must be at least 1" in capsys.readouterr().err
+
+
+def test_fused_log_parses_and_plots(tmp_path):
+    """bench.fused's saved log turns back into cells, and into a plot where matplotlib is installed."""
+    from fused_layernorm.bench import fused
+
+    log = ("fused pre-norm bench: GPU, git abc\n"
+           "layernorm bf16 p=0.0 1024x131072: ours:fwd=98.5 ours:bwd=95.4 flash:fwd=98.8 flash:bwd=WRONG\n"
+           "rmsnorm fp32 p=0.1 4096x32768: ours:fwd=99.0\n")
+    rows = fused.rows_from_log(log)
+    assert [(r["op"], r["peer"], r["direction"], r["pct_copy"]) for r in rows] == [
+        ("layernorm", "ours", "fwd", 98.5), ("layernorm", "ours", "bwd", 95.4), ("layernorm", "flash", "fwd", 98.8),
+        ("rmsnorm", "ours", "fwd", 99.0)]
+    assert rows[-1]["dropout"] == 0.1 and rows[-1]["hidden"] == 4096
+    pytest.importorskip("matplotlib")
+    assert fused.plot(rows, tmp_path / "p.png", "t").exists()
