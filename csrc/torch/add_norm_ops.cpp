@@ -24,7 +24,6 @@ int64_t product(at::IntArrayRef s) {
   return p;
 }
 
-const void* opt_ptr(const OptTensor& t) { return t && t->defined() ? t->const_data_ptr() : nullptr; }
 bool has(const OptTensor& t) { return t.has_value() && t->defined(); }
 
 // Checks the forward's arguments; returns h's dtype.
@@ -221,15 +220,6 @@ BwdOut add_norm_bwd_meta(const Tensor& dy, const OptTensor& dh, const Tensor& h,
 // CPU backend.
 // ---------------------------------------------------------------------------
 namespace {
-
-template <typename F>
-void dispatch_add_norm_types(at::ScalarType xt, at::ScalarType wt, at::ScalarType rt, F&& f) {
-  dispatch_norm_types(xt, wt, [&](auto t, auto w) {
-    using T = typename decltype(t)::type;
-    if (rt == xt) f(t, w, t);
-    else f(t, w, Tag<float>{});
-  });
-}
 
 void cpu_fwd(const AddNormFwdParams& p, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt, const Tensor&) {
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(p.cols, 1));

@@ -66,12 +66,7 @@ void run(const Tensor& like, at::ScalarType xt, at::ScalarType wt, const char* w
 template <typename Launch>
 void run3(const Tensor& like, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt, const char* what,
           Launch&& launch) {
-  run_with(like, what, [&](auto&& f) {
-    dispatch_norm_types(xt, wt, [&](auto t, auto w) {
-      if (rt == xt) f(t, w, t);
-      else f(t, w, Tag<float>{});
-    });
-  }, launch);
+  run_with(like, what, [&](auto&& f) { dispatch_add_norm_types(xt, wt, rt, f); }, launch);
 }
 
 void cuda_fwd(const FwdParams& p, at::ScalarType xt, at::ScalarType wt, const Tensor& like) {

@@ -25,4 +25,13 @@ void dispatch_norm_types(at::ScalarType xt, at::ScalarType wt, F&& f) {
   }
 }
 
+// Calls f(Tag<T>{}, Tag<W>{}, Tag<R>{}): the fused op's h dtype R is x's or float32.
+template <typename F>
+void dispatch_add_norm_types(at::ScalarType xt, at::ScalarType wt, at::ScalarType rt, F&& f) {
+  dispatch_norm_types(xt, wt, [&](auto t, auto w) {
+    if (rt == xt) f(t, w, t);
+    else f(t, w, Tag<float>{});
+  });
+}
+
 }  // namespace fln::glue

@@ -67,10 +67,12 @@ void add_norm_fwd(const AddNormFwdParams& p, ParallelFor&& parallel_for) {
     for (int64_t r = begin; r < end; ++r) {
       const T* x = static_cast<const T*>(p.x) + r * p.x_stride;
       const R* res = p.residual ? static_cast<const R*>(p.residual) + r * p.residual_stride : nullptr;
+      Philox4 draws{};  // one draw serves four columns (rows are padded to a multiple of 4)
       for (int64_t i = 0; i < n; ++i) {
         A v = load_as<A>(x[i]);
         if (dropout) {
-          const bool keep = dm.keep(r, i);
+          if ((i & 3) == 0) draws = dm.draws(r, i);
+          const bool keep = dm.keep(draws, i);
           if (p.mask) p.mask[r * n + i] = keep;
           v = keep ? v * A(dm.scale) : A(0);
         }
@@ -127,12 +129,14 @@ void add_norm_bwd(const AddNormBwdParams& p, ParallelFor&& parallel_for) {
         const A c_gx = sum8<A>(n, [&](int64_t i) { return g[i] * xhat[i]; }) / A(n);
         const A c_g = p.rms ? A(0) : sum8<A>(n, [&](int64_t i) { return g[i]; }) / A(n);
         const R* dh = p.dh ? static_cast<const R*>(p.dh) + r * p.dh_stride : nullptr;
+        Philox4 draws{};
         for (int64_t i = 0; i < n; ++i) {
           A v = rstd * (g[i] - c_g - xhat[i] * c_gx);
           if (dh) v += load_as<A>(dh[i]);
           if (p.dresidual) static_cast<R*>(p.dresidual)[r * n + i] = store_as<R>(v);
           if (p.dx) {
-            const A dxv = dropout ? (dm.keep(r, i) ? v * A(dm.scale) : A(0)) : v;
+            if (dropout && (i & 3) == 0) draws = dm.draws(r, i);
+            const A dxv = dropout ? (dm.keep(draws, i) ? v * A(dm.scale) : A(0)) : v;
             static_cast<T*>(p.dx)[r * n + i] = store_as<T>(dxv);
           }
         }
