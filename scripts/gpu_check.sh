@@ -8,9 +8,11 @@
 #   FLN_GIT_COMMIT=$(git rev-parse HEAD) FLN_GIT_DIRTY=0 make gpu-check
 # Exits non-zero if anything failed.
 #
-# STAGES picks what runs (default "tests bench").  On a machine that holds
-# a call to ten minutes, run the two halves as separate calls on the same
-# machine: `STAGES=tests make gpu-check`, then `STAGES=bench make gpu-check`.
+# STAGES picks what runs (default "tests bench fused"; fused: the fused
+# pre-norm benchmark, bench/results/<date>-<gpu>-fused.json and .png).  On a
+# machine that holds a call to ten minutes, run them as separate calls on the
+# same machine: `STAGES=tests make gpu-check`, then `STAGES=bench ...`, then
+# `STAGES=fused ...` (FUSED_ARGS narrows it, e.g. "--hidden 1024,4096").
 # The tests stage leaves its summary in /tmp/fln_test_summary.json for the
 # bench stage, which refuses to write a results file without one for the
 # same commit.
@@ -20,11 +22,11 @@ PY=${PYTHON:-python3}
 LOG=${OUT:-bench/out}
 mkdir -p "$LOG" bench/results
 export PYTHONUNBUFFERED=1
-STAGES=${STAGES:-tests bench}
+STAGES=${STAGES:-tests bench fused}
 SUMMARY=/tmp/fln_test_summary.json
 status=0
 for s in $STAGES; do
-  case $s in tests|bench) ;; *) echo "gpu-check: unknown stage '$s' (tests, bench)" >&2; exit 2;; esac
+  case $s in tests|bench|fused) ;; *) echo "gpu-check: unknown stage '$s' (tests, bench, fused)" >&2; exit 2;; esac
 done
 has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -40,7 +42,7 @@ if [ -n "${FLN_GIT_COMMIT:-}" ] && ! [[ "$FLN_GIT_COMMIT" =~ ^[0-9a-fA-F]{40}$ ]
 fi
 
 COMMIT=${FLN_GIT_COMMIT:-$(git rev-parse HEAD)}
-if ! has_stage tests; then
+if has_stage bench && ! has_stage tests; then
   if [ ! -s "$SUMMARY" ] || [ "$(cat "$SUMMARY.commit" 2>/dev/null)" != "$COMMIT" ]; then
     echo "gpu-check: no test summary for $COMMIT at $SUMMARY; run the tests stage first on this machine" >&2
     exit 1
@@ -48,7 +50,7 @@ if ! has_stage tests; then
 fi
 
 echo "== build"
-MAX_JOBS=${MAX_JOBS:-16} $PY -m pip install --no-build-isolation --no-deps -e . >"$LOG/build.log" 2>&1 \
+MAX_JOBS=${MAX_JOBS:-16} $PY setup.py build_ext --inplace >"$LOG/build.log" 2>&1 \
   || { tail -50 "$LOG/build.log"; exit 1; }
 tail -3 "$LOG/build.log"
 
@@ -84,13 +86,23 @@ if has_stage tests; then
   cat "$SUMMARY"
 fi
 
-has_stage bench || { echo "gpu-check status: $status (tests only)"; exit $status; }
-echo "== benchmark"
 GPU=$($PY -c "import torch,re;print(re.sub('[^a-z0-9]+','-',torch.cuda.get_device_name().lower()).strip('-'))")
-RESULTS=bench/results/$(date +%F)-$GPU.json
-$PY -m fused_layernorm.bench --results "$RESULTS" --test-summary "$SUMMARY" --out /tmp/fln_bench ${BENCH_ARGS:-} \
-  2>&1 | tee "$LOG/bench.log" | tail -80
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-cp "$RESULTS" /tmp/fln_bench/results.csv /tmp/fln_bench/pct_copy.png "$LOG/" 2>/dev/null
-echo "gpu-check status: $status (results: $RESULTS)"
+if has_stage bench; then
+  echo "== benchmark"
+  RESULTS=bench/results/$(date +%F)-$GPU.json
+  $PY -m fused_layernorm.bench --results "$RESULTS" --test-summary "$SUMMARY" --out /tmp/fln_bench ${BENCH_ARGS:-} \
+    2>&1 | tee "$LOG/bench.log" | tail -80
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  cp "$RESULTS" /tmp/fln_bench/results.csv /tmp/fln_bench/pct_copy.png "$LOG/" 2>/dev/null
+fi
+if has_stage fused; then
+  echo "== fused pre-norm benchmark"
+  FUSED=bench/results/$(date +%F)-$GPU-fused
+  $PY -m fused_layernorm.bench.fused --out /tmp/fln_fused ${FUSED_ARGS:-} 2>&1 | tee "$LOG/fused.log" | tail -40
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  cp /tmp/fln_fused/fused.json "$FUSED.json" 2>/dev/null
+  cp /tmp/fln_fused/fused.png "$FUSED.png" 2>/dev/null
+  cp "$FUSED.json" "$LOG/" 2>/dev/null
+fi
+echo "gpu-check status: $status"
 exit $status

@@ -145,6 +145,7 @@ def _dropout_case(kind, dtype, device, seed, p, hidden=1000, rows=16):
     return (y, h, mask, xl, rl, wl), (ye, he_own, xr, rr, wr)
 
 
+@pytest.mark.sanitize
 @pytest.mark.parametrize("kind", ["ln", "rms"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
 def test_dropout_matches_its_mask(kind, dtype, device, seed):
