@@ -20,13 +20,11 @@ struct Plan {
 // A thread's slice of a row, held in registers: 64 bytes of x in the
 // forward (four 16-byte loads in flight at 16-bit and fp32, with as many of
 // the residual, all issued before the first store), in up to 96 registers
-// (capped at 64 it spilled and kept fewer loads in flight: fp32 ran 15 points
-// slower).  The backward holds
+// (capped at 64 it spills and keeps fewer loads in flight).  The backward holds
 // 8 elements a thread, with their fp32 dweight / dbias partials and the next
 // row's inputs (prefetched), in up to 96 registers where a thread's inputs
-// are 16 bytes (16-bit), 128 otherwise: capped lower, it spills in every row
-// (fp32 at 80 lost a third of its bandwidth), and 16-bit short rows at 128
-// keep fewer CTAs an SM.  Backward rows past one CTA at 8 take 32 bytes of
+// are 16 bytes (16-bit), 128 otherwise: capped lower, it spills in every row,
+// and 16-bit short rows at 128 keep fewer CTAs an SM.  Backward rows past one CTA at 8 take 32 bytes of
 // each input a thread (16 elements at 16-bit; one CTA an SM) before they take
 // a cluster, which meets once a row.
 constexpr int kFwdThreadBytes = 64;
