@@ -24,9 +24,9 @@ struct Plan {
 // 8 elements a thread, with their fp32 dweight / dbias partials and the next
 // row's inputs (prefetched), in up to 96 registers where a thread's inputs
 // are 16 bytes (16-bit), 128 otherwise: capped lower, it spills in every row,
-// and 16-bit short rows at 128 keep fewer CTAs an SM.  Backward rows past one CTA at 8 take 32 bytes of
-// each input a thread (16 elements at 16-bit; one CTA an SM) before they take
-// a cluster, which meets once a row.
+// and 16-bit short rows at 128 keep fewer CTAs an SM.  Backward rows past one
+// CTA at 8 take 32 bytes of each input a thread (16 elements at 16-bit) before
+// they take a cluster, which meets once a row.
 constexpr int kFwdThreadBytes = 64;
 constexpr int kFwdRegs = 96;
 constexpr int kBwdThreadElems = 8;
@@ -34,8 +34,7 @@ constexpr int kBwdLongRowBytes = 32;
 constexpr int bwd_registers(int elem_bytes, int elems) { return elem_bytes * elems <= 16 ? 96 : 128; }
 constexpr int kMaxAccesses = 8;
 // Short rows share a CTA of this many threads, a team of lanes each; longer
-// rows take a CTA of whole warps, up to kPlanMaxThreads (two CTAs an SM, so one
-// CTA's loads overlap another's reductions).
+// rows take a CTA of whole warps, up to kPlanMaxThreads.
 constexpr int kShortRowCta = 128;
 constexpr int kPlanMaxThreads = 512;
 // Past one CTA, sm_90 spreads a row over a cluster of up to 16 CTAs; past
