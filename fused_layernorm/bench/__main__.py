@@ -120,6 +120,7 @@ def main(argv=None) -> int:
 
     summary = report.summarize(rows)
     report.print_summary(summary)
+    report.print_legend()
 
     failures = [r for r in rows + small_rows if r["peer"] == "ours" and r["status"] != "ok"]
     if "ours" in unavailable:

@@ -57,6 +57,25 @@ def summarize(rows: List[dict]) -> List[dict]:
     return [best[k] for k in sorted(best)]
 
 
+LEGEND = """legend:
+  time_us  median GPU time of one call (CUDA events, L2 flushed between calls; CPU: wall time)
+  GB/s     the fewest bytes the call must move (every tensor read or written once) over that time
+  %copy    GB/s as % of a device-to-device copy measured in the same run
+  status   ok: verified against torch in float32 on the upcast inputs, then timed
+           WRONG: failed that check and was not timed; the measured errors follow, each
+             max |a - ref| / (rms(ref) + |ref|) for y and dx, ||a - ref|| / ||ref|| for dw and db,
+             against the limits {limits}
+             (torch's own CPU bf16 backward fails it: its dweight is about 5% off)
+           ERROR: the call raised; its message follows
+  summary  ours vs the fastest other peer that verified; * marks ours under 95% of it"""
+
+
+def print_legend():
+    from .verify import ELEM_TOL, NORM_TOL
+    limits = ", ".join(f"{t} {ELEM_TOL[t]:g} / {NORM_TOL[t]:g}" for t in ELEM_TOL)
+    print("\n" + LEGEND.format(limits=limits))
+
+
 def print_summary(summary: List[dict]):
     """Per dtype (bf16 and fp32, or whatever ran) a block: rows are hidden sizes,
     columns (op, direction), cells 'ours vs best peer'."""
