@@ -42,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--log2-numel", type=int, default=cases.LOG2_NUMEL,
                    help="GPU cases hold 2**N elements, rows = 2**N // hidden (default 27)")
     p.add_argument("--no-small", action="store_true", help="skip the small-shape per-call timings")
+    p.add_argument("--no-e2e", action="store_true",
+                   help="skip the end-to-end rows (training steps of small GPT-2 and Llama, stock against patch())")
     p.add_argument("--cpu", action="store_true", help="CPU mode even when CUDA is available")
     p.add_argument("--out-dir", "--out", default="bench/out",
                    help="CSV, PNG and JSON go here (default bench/out)")
@@ -118,6 +120,20 @@ def main(argv=None) -> int:
         for k, v in small_plan.verify_s.items():
             plan.verify_s[k] = plan.verify_s.get(k, 0.0) + v
 
+    e2e_rows, e2e_note = [], None
+    if gpu and not a.no_e2e:
+        try:
+            import transformers  # noqa: F401
+            from . import e2e
+            print("\nend-to-end: training steps, stock against fused_layernorm.patch(model)")
+            e2e_rows = e2e.run(e2e.parse_args([]))
+        except ImportError as e:
+            e2e_note = f"skipped: {e}"
+            print(f"end-to-end rows {e2e_note}")
+        except Exception as e:  # the kernel rows above are already measured: report, do not lose them
+            e2e_note = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+            print(f"end-to-end rows {e2e_note}")
+
     summary = report.summarize(rows)
     report.print_summary(summary)
     report.print_legend()
@@ -139,7 +155,7 @@ def main(argv=None) -> int:
                     small=None if not small_rows else dict(rows=list(cases.SMALL_ROWS),
                                                            hidden=cases.SMALL_HIDDEN,
                                                            dtype=cases.SMALL_DTYPE)),
-        rows=rows, small_rows=small_rows, summary=summary,
+        rows=rows, small_rows=small_rows, summary=summary, e2e_rows=e2e_rows, e2e_note=e2e_note,
         ours_failures=failures, ok=not failures,
         tests=report.load_test_summary(a.test_summary),
         elapsed_s=round(elapsed, 1), verify_s_by_peer={k: round(v, 1) for k, v in plan.verify_s.items()},
