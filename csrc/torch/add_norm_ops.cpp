@@ -122,13 +122,13 @@ FwdOut add_norm_fwd_impl(const AddNormBackend& be, const Tensor& input, const Op
     p.rng = be.draw(gen, input);
     p.rng_out = rng.mutable_data_ptr<int64_t>();
   }
-  if (cols == 0) {  // as torch: an empty y, and the statistics of an empty row, 0 / 0 (mean 0, rstd NaN)
+  if (rows == 0 || cols == 0) {  // no element. As torch, an empty row's statistics are 0 / 0: mean 0, rstd NaN
     mean.zero_();
     rstd.fill_(std::numeric_limits<double>::quiet_NaN());
     if (dropout) rng.zero_();
     return {y, h, mean, rstd, rng, mask};
   }
-  if (rows > 0 || dropout) be.fwd(p, input.scalar_type(), wt, rt, input);
+  be.fwd(p, input.scalar_type(), wt, rt, input);
   return {y, h, mean, rstd, rng, mask};
 }
 
