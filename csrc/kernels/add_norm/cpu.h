@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../cpu/norm_cpu.h"
 #include "../dtypes.h"
 #include "params.h"
 #include "philox.h"
@@ -42,9 +43,6 @@ inline DropoutMask host_mask(const DropoutRng& rng, int64_t cols, double p) {
   const uint64_t offset = rng.offset_ptr ? uint64_t(*rng.offset_ptr) + rng.offset_extra : rng.offset;
   return DropoutMask::make(seed, offset, cols, p);
 }
-
-// Rows per backward chunk: a function of the problem size only (<= 64 chunks).
-inline int64_t chunk_rows(int64_t rows) { return std::max<int64_t>(16, (rows + 63) / 64); }
 
 }  // namespace add_norm_detail
 
@@ -103,7 +101,7 @@ void add_norm_bwd(const AddNormBwdParams& p, ParallelFor&& parallel_for) {
   const DropoutMask dm = dropout ? host_mask<A>(p.rng, n, p.dropout_p) : DropoutMask{};
   const std::vector<A> w = load_param<W, A>(p.w, n, A(1), A(p.weight_offset));
   const bool want_w = p.dw || p.db;
-  const int64_t per = chunk_rows(rows), chunks = rows ? (rows + per - 1) / per : 0;
+  const int64_t per = bwd_chunk_rows(rows), chunks = bwd_num_chunks(rows);  // the plain backward's chunks
   std::vector<A> part_w(want_w ? size_t(chunks * n) : 0), part_b(want_w ? size_t(chunks * n) : 0);
   parallel_for(chunks, [&](int64_t c0, int64_t c1) {
     std::vector<A> hb(static_cast<size_t>(n)), gb(static_cast<size_t>(n));
