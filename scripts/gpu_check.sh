@@ -89,7 +89,7 @@ fi
 GPU=$($PY -c "import torch,re;print(re.sub('[^a-z0-9]+','-',torch.cuda.get_device_name().lower()).strip('-'))")
 if has_stage bench; then
   echo "== benchmark"
-  RESULTS=bench/results/$(date +%F)-$GPU.json
+  RESULTS=${RESULTS:-bench/results/$(date +%F)-$GPU.json}  # BENCH_ARGS=--merge adds to an earlier part
   $PY -m fused_layernorm.bench --results "$RESULTS" --test-summary "$SUMMARY" --out /tmp/fln_bench ${BENCH_ARGS:-} \
     2>&1 | tee "$LOG/bench.log" | tail -80
   [ "${PIPESTATUS[0]}" = 0 ] || status=1

@@ -49,6 +49,9 @@ def parse_args(argv=None):
                    help="CSV, PNG and JSON go here (default bench/out)")
     p.add_argument("--results", help="also write the JSON results to this path")
     p.add_argument("--test-summary", help="JSON file of test counts to embed in the results")
+    p.add_argument("--merge", action="store_true",
+                   help="merge into the --results file of an earlier run on the same commit and GPU "
+                        "(a benchmark split over several calls); its cases re-measured here are replaced")
     a = p.parse_args(argv)
     if a.compile_dtypes and [d.lower() for d in a.compile_dtypes] == ["none"]:
         a.compile_dtypes = []
@@ -73,6 +76,9 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() and not a.cpu else "cpu"
     gpu = device == "cuda"
     env = report.environment(device)
+    if a.merge and not a.results:
+        print("--merge needs --results PATH (the file to merge into)", file=sys.stderr)
+        return 2
     if a.results and not report.is_full_commit(env["commit"]):
         print("--results needs the full 40-digit commit being measured: run from a git checkout, or set "
               "FLN_GIT_COMMIT=$(git rev-parse HEAD) (and FLN_GIT_DIRTY=0|1); "
@@ -88,6 +94,7 @@ def main(argv=None) -> int:
         notes.append("not installed: " + "; ".join(f"{k} ({v})" for k, v in unavailable.items()))
     if skipped:
         notes.append("skipped: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()))
+    notes += [f"{p.name}: {p.limit_note}" for p in peers if p.limit_note]
     if notes:
         print("\n".join(notes))
     print("peers: " + ", ".join(p.name for p in peers))
@@ -111,8 +118,10 @@ def main(argv=None) -> int:
                        rounds=a.rounds, warmup=a.warmup, copy_gbps=copy["gbps"], emit=table)
     rows = runner.run_large(plan, peers)
 
+    if plan.interrupted:
+        notes.append(f"interrupted: only the {len(rows)} rows of the cases finished before it")
     small_rows = []
-    if gpu and not a.no_small:
+    if gpu and not a.no_small and not plan.interrupted:
         small_plan = runner.Plan(**{**plan.__dict__, "directions": cases.SMALL_DIRECTIONS,
                                     "verify_s": {}})
         small_rows = runner.run_small(small_plan, peers, cases.SMALL_ROWS, cases.SMALL_HIDDEN,
@@ -121,7 +130,7 @@ def main(argv=None) -> int:
             plan.verify_s[k] = plan.verify_s.get(k, 0.0) + v
 
     e2e_rows, e2e_note = [], None
-    if gpu and not a.no_e2e:
+    if gpu and not a.no_e2e and not plan.interrupted:
         try:
             import transformers  # noqa: F401
             from . import e2e
@@ -156,18 +165,26 @@ def main(argv=None) -> int:
                                                            hidden=cases.SMALL_HIDDEN,
                                                            dtype=cases.SMALL_DTYPE)),
         rows=rows, small_rows=small_rows, summary=summary, e2e_rows=e2e_rows, e2e_note=e2e_note,
-        ours_failures=failures, ok=not failures,
+        ours_failures=failures, ok=not failures, complete=not plan.interrupted,
         tests=report.load_test_summary(a.test_summary),
         elapsed_s=round(elapsed, 1), verify_s_by_peer={k: round(v, 1) for k, v in plan.verify_s.items()},
         elapsed_excluding_compile_s=round(elapsed - compile_s, 1),
     )
 
+    if a.merge and a.results and Path(a.results).exists():
+        import json
+        try:
+            doc = report.merge_results(json.loads(Path(a.results).read_text()), doc)
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 2
+        print(f"merged into {a.results}: {len(doc['rows'])} rows from {len(doc['parts'])} runs")
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_paths = [out_dir / "results.json"] + ([Path(a.results)] if a.results else [])
     report.write_json(json_paths, doc)
-    report.write_csv(out_dir / "results.csv", rows, small_rows)
-    pngs = report.plot(out_dir, rows, copy["gbps"]) if gpu else []
+    report.write_csv(out_dir / "results.csv", doc["rows"], doc["small_rows"])
+    pngs = report.plot(out_dir, doc["rows"], copy["gbps"]) if gpu else []
     print(f"\nwrote {', '.join(str(p) for p in json_paths + [out_dir / 'results.csv'] + pngs)}")
     print(f"elapsed {elapsed:.0f} s (verification incl. torch.compile compile time: {compile_s:.0f} s)")
     if failures:

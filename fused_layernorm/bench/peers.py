@@ -8,9 +8,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-ALL_PEERS = ("ours", "torch", "compile", "apex", "liger", "quack", "te")
+ALL_PEERS = ("ours", "torch", "compile", "apex", "liger", "quack", "flash", "te")
 ALIASES = {"liger_kernel": "liger", "transformer_engine": "te", "fused_layernorm": "ours",
-           "eager": "torch", "inductor": "compile"}
+           "eager": "torch", "inductor": "compile", "flash_attn": "flash"}
 CPU_PEERS = ("ours", "torch")
 
 
@@ -27,11 +27,17 @@ class Peer:
     dtypes: Optional[Sequence[str]] = None  # None: all
     # op -> the directions it runs; an op missing here is unsupported
     directions: Dict[str, Sequence[str]] = field(default_factory=dict)
+    # Rows longer than this many bytes are not run (None: all); `limit_note` says why.
+    max_row_bytes: Optional[int] = None
+    limit_note: str = ""
 
     def supports(self, op: str, dtype: str, direction: str) -> bool:
         if self.dtypes is not None and dtype not in self.dtypes:
             return False
         return direction in self.directions.get(op, ())
+
+    def runs_row(self, hidden: int, dtype: torch.dtype) -> bool:
+        return self.max_row_bytes is None or hidden * dtype.itemsize <= self.max_row_bytes
 
 
 _ALL_DIRS = ("fwd", "bwd", "fwdbwd")
@@ -138,6 +144,16 @@ def _quack() -> Peer:
     return Peer("quack", bind, directions=directions)
 
 
+def _flash() -> Peer:
+    # flash-attention's Triton kernels (flash_attn/ops/triton/layer_norm.py), no CUDA build needed
+    from flash_attn.ops.triton.layer_norm import layer_norm_fn, rms_norm_fn
+    ln = lambda x, w, b, eps: layer_norm_fn(x, w, b, eps=eps)  # noqa: E731
+    rms = lambda x, w, eps: rms_norm_fn(x, w, None, eps=eps)  # noqa: E731
+    return Peer("flash", _functional(ln, rms), directions=_BOTH, max_row_bytes=32 << 10,
+                limit_note="rows over 32 KB not run: its one-block kernel refuses rows over 64 KB "
+                           "and takes minutes to compile at 64 KB")
+
+
 def _te() -> Peer:
     import transformer_engine.pytorch as te
 
@@ -162,7 +178,7 @@ def load_peers(names: Sequence[str], device: str, compile_dtypes: Sequence[str]
                ) -> Tuple[List[Peer], Dict[str, str], Dict[str, str]]:
     """Returns (available peers in `names` order, {name: import error}, {name: why skipped})."""
     loaders = {"ours": _ours, "torch": _torch, "compile": lambda: _compile(compile_dtypes),
-               "apex": _apex, "liger": _liger, "quack": _quack, "te": _te}
+               "apex": _apex, "liger": _liger, "quack": _quack, "flash": _flash, "te": _te}
     peers, missing, skipped = [], {}, {}
     for name in names:
         if device == "cpu" and name not in CPU_PEERS:

@@ -122,6 +122,53 @@ def write_csv(path: Path, rows: List[dict], small_rows: List[dict]):
                 w.writerow(r)
 
 
+def _row_key(r: dict) -> tuple:
+    return tuple(r.get(k) for k in ("op", "dtype", "hidden", "rows", "direction", "peer"))
+
+
+def merge_results(old: dict, new: dict) -> dict:
+    """A benchmark split over several runs (a machine that holds a call to ten
+    minutes) as one results file: same commit and GPU required; rows of the new
+    run replace the old ones of the same case, each part's copy bandwidth and
+    config are kept under `parts`."""
+    for k in ("schema", "commit", "dirty", "gpu_name"):
+        if old.get(k) != new.get(k):
+            raise ValueError(f"--merge: the existing results have {k}={old.get(k)!r}, this run {new.get(k)!r}")
+
+    def merged_rows(key):
+        keep = {_row_key(r): r for r in old.get(key) or []}
+        keep.update({_row_key(r): r for r in new.get(key) or []})
+        return list(keep.values())
+
+    def part(d):
+        return [dict(date=d["date"], copy_bandwidth_gbps=d["copy_bandwidth_gbps"], config=d["config"],
+                     elapsed_s=d["elapsed_s"])]
+
+    doc = dict(new)
+    doc["parts"] = (old.get("parts") or part(old)) + part(new)
+    doc["rows"], doc["small_rows"] = merged_rows("rows"), merged_rows("small_rows")
+    doc["e2e_rows"] = new.get("e2e_rows") or old.get("e2e_rows") or []
+    doc["e2e_note"] = new.get("e2e_note") if new.get("e2e_rows") else old.get("e2e_note")
+    for k in ("peers_requested", "peers_available", "notes"):
+        doc[k] = list(dict.fromkeys((old.get(k) or []) + (new.get(k) or [])))
+    for k in ("peers_unavailable", "peers_skipped"):
+        doc[k] = {n: v for n, v in {**(old.get(k) or {}), **(new.get(k) or {})}.items()
+                  if n not in doc["peers_available"]}
+    doc["config"] = dict(new["config"], **{k: list(dict.fromkeys(old["config"][k] + new["config"][k]))
+                                           for k in ("ops", "dtypes", "hidden", "directions")})
+    doc["summary"] = summarize(doc["rows"])
+    doc["ours_failures"] = (old.get("ours_failures") or []) + (new.get("ours_failures") or [])
+    doc["ok"] = not doc["ours_failures"]
+    doc["complete"] = old.get("complete", True) and new.get("complete", True)
+    doc["tests"] = new.get("tests") or old.get("tests")
+    for k in ("elapsed_s", "elapsed_excluding_compile_s"):
+        doc[k] = round(old.get(k, 0) + new.get(k, 0), 1)
+    doc["verify_s_by_peer"] = {n: round((old.get("verify_s_by_peer") or {}).get(n, 0)
+                                        + (new.get("verify_s_by_peer") or {}).get(n, 0), 1)
+                               for n in {**(old.get("verify_s_by_peer") or {}), **(new.get("verify_s_by_peer") or {})}}
+    return doc
+
+
 def write_json(paths: List[Path], doc: dict):
     text = json.dumps(doc, indent=1, allow_nan=False)
     for p in paths:

@@ -30,6 +30,7 @@ class Plan:
     copy_gbps: float = 0.0
     emit: Callable[[dict], None] = print
     verify_s: Dict[str, float] = field(default_factory=dict)  # per peer, includes compile time
+    interrupted: bool = False  # run_large stopped early; its rows are the cases it finished
 
 
 def _cleanup(device: str):
@@ -93,61 +94,71 @@ def run_large(plan: Plan, peers) -> List[dict]:
             return timing.cuda_time_us(fn, reps, plan.warmup, flush)
         return timing.host_time_us(fn, warmup=min(plan.warmup, 2), max_reps=reps)
 
-    for op in plan.ops:
-        for dtype in plan.dtypes:
-            for hidden in plan.hidden:
-                n_rows = plan.rows_for(hidden)
-                inp = make_inputs(op, n_rows, hidden, DTYPES[dtype], plan.device)
-                ref = reference(op, inp, EPS[op], grads=any(d != "fwd" for d in plan.directions))
-                done: Dict[tuple, dict] = {}  # (peer name, direction) -> its finished cell
-                ready = []  # (peer, base, bound, check, dirs) of each peer that verified
-                for peer in peers:
-                    dirs = [d for d in plan.directions if peer.supports(op, dtype, d)]
-                    if not dirs:
-                        continue
-                    base = dict(op=op, dtype=dtype, hidden=hidden, rows=n_rows, peer=peer.name)
-                    try:
-                        bound, chk = _verify(plan, peer, op, dtype, inp, ref, dirs)
-                    except Exception as e:
-                        for d in dirs:
-                            done[(peer.name, d)] = _cell(base, d, "ERROR", {}, _first_line(e))
-                        _cleanup(plan.device)
-                        continue
-                    for d in dirs:
-                        if not chk.ok_for(d):
-                            done[(peer.name, d)] = _cell(base, d, "WRONG", chk.errors, "")
-                    ready.append((peer, base, bound, chk, dirs))
-                samples: Dict[tuple, List[float]] = {}
-                for rnd in range(plan.rounds):
-                    for peer, base, bound, chk, dirs in (ready if rnd % 2 == 0 else ready[::-1]):
-                        for d in dirs:
-                            key = (peer.name, d)
-                            if key in done:
-                                continue
-                            # a peer may write into its dy; the forward reads none
-                            dy = inp.dy.clone() if d != "fwd" else None
-                            try:
-                                fn, mode = _call_for(d, bound, inp, dy)
-                                with mode():
-                                    _, ts = time_it(fn)
-                                samples.setdefault(key, []).extend(ts)
-                            except Exception as e:
-                                done[key] = _cell(base, d, "ERROR", chk.errors, _first_line(e))
-                                samples.pop(key, None)
-                            fn = None  # drop the call (and a backward's graph) before the next
-                            del dy
-                for peer, base, bound, chk, dirs in ready:
-                    for d in dirs:
-                        key = (peer.name, d)
-                        if key not in done:
-                            done[key] = _cell(base, d, "ok", chk.errors, "",
-                                              statistics.median(samples[key]))
-                for peer in peers:  # rows in the peers' order
-                    for d in plan.directions:
-                        if (peer.name, d) in done:
-                            rows.append(_row(plan, **done[(peer.name, d)]))
-                del inp, ref, ready, samples
-                _cleanup(plan.device)
+    try:
+        for op in plan.ops:
+            for dtype in plan.dtypes:
+                for hidden in plan.hidden:
+                    rows += _run_case(plan, peers, op, dtype, hidden, reps, time_it)
+    except KeyboardInterrupt:  # Ctrl-C or `timeout -s INT`: keep the finished cases
+        plan.interrupted = True
+        print(f"\ninterrupted: {len(rows)} rows of finished cases kept")
+    return rows
+
+
+def _run_case(plan: Plan, peers, op, dtype, hidden, reps, time_it) -> List[dict]:
+    rows: List[dict] = []
+    n_rows = plan.rows_for(hidden)
+    inp = make_inputs(op, n_rows, hidden, DTYPES[dtype], plan.device)
+    ref = reference(op, inp, EPS[op], grads=any(d != "fwd" for d in plan.directions))
+    done: Dict[tuple, dict] = {}  # (peer name, direction) -> its finished cell
+    ready = []  # (peer, base, bound, check, dirs) of each peer that verified
+    for peer in peers:
+        dirs = [d for d in plan.directions if peer.supports(op, dtype, d)]
+        if not dirs or not peer.runs_row(hidden, DTYPES[dtype]):
+            continue
+        base = dict(op=op, dtype=dtype, hidden=hidden, rows=n_rows, peer=peer.name)
+        try:
+            bound, chk = _verify(plan, peer, op, dtype, inp, ref, dirs)
+        except Exception as e:
+            for d in dirs:
+                done[(peer.name, d)] = _cell(base, d, "ERROR", {}, _first_line(e))
+            _cleanup(plan.device)
+            continue
+        for d in dirs:
+            if not chk.ok_for(d):
+                done[(peer.name, d)] = _cell(base, d, "WRONG", chk.errors, "")
+        ready.append((peer, base, bound, chk, dirs))
+    samples: Dict[tuple, List[float]] = {}
+    for rnd in range(plan.rounds):
+        for peer, base, bound, chk, dirs in (ready if rnd % 2 == 0 else ready[::-1]):
+            for d in dirs:
+                key = (peer.name, d)
+                if key in done:
+                    continue
+                # a peer may write into its dy; the forward reads none
+                dy = inp.dy.clone() if d != "fwd" else None
+                try:
+                    fn, mode = _call_for(d, bound, inp, dy)
+                    with mode():
+                        _, ts = time_it(fn)
+                    samples.setdefault(key, []).extend(ts)
+                except Exception as e:
+                    done[key] = _cell(base, d, "ERROR", chk.errors, _first_line(e))
+                    samples.pop(key, None)
+                fn = None  # drop the call (and a backward's graph) before the next
+                del dy
+    for peer, base, bound, chk, dirs in ready:
+        for d in dirs:
+            key = (peer.name, d)
+            if key not in done:
+                done[key] = _cell(base, d, "ok", chk.errors, "",
+                                  statistics.median(samples[key]))
+    for peer in peers:  # rows in the peers' order
+        for d in plan.directions:
+            if (peer.name, d) in done:
+                rows.append(_row(plan, **done[(peer.name, d)]))
+    del inp, ref, ready, samples
+    _cleanup(plan.device)
     return rows
 
 

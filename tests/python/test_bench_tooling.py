@@ -83,3 +83,24 @@ def test_fused_log_parses_and_plots(tmp_path):
     assert rows[-1]["dropout"] == 0.1 and rows[-1]["hidden"] == 4096
     pytest.importorskip("matplotlib")
     assert fused.plot(rows, tmp_path / "p.png", "t").exists()
+
+
+def test_results_merge_over_runs(monkeypatch, tmp_path, capsys):
+    """--merge: a benchmark split over two runs (one op each) is one results file with
+    both runs' rows and parts; a different commit is refused."""
+    monkeypatch.setenv("FLN_GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("FLN_GIT_DIRTY", "0")
+    res = tmp_path / "r.json"
+    common = ["--cpu", "--hidden", "128", "--dtypes", "fp32", "--directions", "fwd", "--reps", "1",
+              "--rounds", "1", "--warmup", "0", "--out", str(tmp_path / "o"), "--results", str(res)]
+    assert main(common + ["--ops", "layernorm"]) == 0
+    assert main(common + ["--ops", "rmsnorm", "--merge"]) == 0
+    import json
+    doc = json.loads(res.read_text())
+    assert {(r["op"], r["peer"]) for r in doc["rows"]} == {
+        (o, p) for o in ("layernorm", "rmsnorm") for p in ("ours", "torch")}
+    assert len(doc["parts"]) == 2 and doc["config"]["ops"] == ["layernorm", "rmsnorm"]
+    assert {e["op"] for e in doc["summary"]} == {"layernorm", "rmsnorm"}
+    monkeypatch.setenv("FLN_GIT_COMMIT", "b" * 40)
+    assert main(common + ["--ops", "rmsnorm", "--merge"]) == 2
+    assert "commit" in capsys.readouterr().err
