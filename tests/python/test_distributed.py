@@ -132,8 +132,29 @@ def _grads(model):
 # DDP
 # --------------------------------------------------------------------------
 
+def _check_off_current_device(dev):
+    """The kernels run on their tensors' device whatever the current device is (Apex's
+    LayerNorm gave wrong output off cuda:0)."""
+    g = torch.Generator().manual_seed(4)
+    x, r, w, b = (t.to(dev).requires_grad_() for t in (torch.randn(8, DIM, generator=g), torch.randn(8, DIM, generator=g),
+                                                      torch.randn(DIM, generator=g), torch.randn(DIM, generator=g)))
+    with torch.cuda.device((dev.index + 1) % torch.cuda.device_count()):
+        y = fl.layer_norm(x, [DIM], w, b)
+        z, h = fl.rms_norm(x, [DIM], w, eps=1e-6, residual=r, return_residual=True)
+        got = torch.autograd.grad((y.sum() + z.sum() + h.sum()), (x, r, w, b))
+    y_ref = F.layer_norm(x, [DIM], w, b)
+    h_ref = x + r
+    z_ref = F.rms_norm(h_ref, [DIM], w, eps=1e-6)
+    expected = torch.autograd.grad((y_ref.sum() + z_ref.sum() + h_ref.sum()), (x, r, w, b))
+    for name, a, e in zip(("y", "z", "h") + ("dx", "dr", "dw", "db"), (y, z, h) + got, (y_ref, z_ref, h_ref) + expected):
+        _close(a, e, f"{name} on {dev} with current device cuda:{torch.cuda.current_device()}", rtol=1e-4, atol=1e-5)
+
+
 def _check_ddp(rank, dev):
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if dev.type == "cuda":
+        _check_off_current_device(dev)
 
     stock, fused = _models(dev)
     patched = copy.deepcopy(stock)
@@ -299,6 +320,14 @@ def _check_dtensor_ops(rank, dev):
                 for o, e in zip(out if fused else (out,), ref_out):
                     assert o.placements == (placement,)
                     _close(o.full_tensor(), e.detach(), f"{what}, no_grad")
+
+    # Regression: a backward from h alone (y unused) made its zero grad_out with at::zeros, a
+    # plain tensor, which DTensor refused next to the DTensor h ("got mixed torch.Tensor and DTensor").
+    dx, dr = leaf(x, Shard(1)), leaf(r, Shard(1))
+    _, h = fl.rms_norm(dx, [DIM], residual=dr, return_residual=True)
+    gx, gr = torch.autograd.grad(h, [dx, dr], distribute_tensor(gh, mesh, [Shard(1)]))
+    _close(gx.full_tensor(), gh, "backward from h alone: grad of x")  # h = x + residual
+    _close(gr.full_tensor(), gh, "backward from h alone: grad of residual")
 
     # normalized_shape is part of DTensor's cache key: the same Shard(1) input normalized over
     # its last dim (local), then over its last two dims (the shard dim: redistributed first).
