@@ -7,6 +7,7 @@ package is the thin Python front end.
 import torch  # noqa: F401  (loads libtorch, which the extension links against)
 
 from . import _C  # noqa: F401  (loads the extension and registers the ops)
+from . import distributed
 from .functional import fused_layer_norm, fused_rms_norm, layer_norm, rms_norm
 from .modules import FusedLayerNorm, FusedRMSNorm
 # fused_layernorm.patch names the function; "from fused_layernorm.patch import ..." still reaches the file.
@@ -24,3 +25,6 @@ __all__ = [
     "PatchReport",
 ]
 __version__ = "0.1.0"
+
+# DTensor sharding rules, now if torch.distributed.tensor is loaded (else on first use).
+distributed.maybe_register()

@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.compiler import is_compiling
 
 from . import _C
+from .distributed import maybe_register as _maybe_register_sharding
 
 # The overloads themselves, looked up once: cheaper per call than the packets.
 _layer_norm_op = torch.ops.fused_layernorm.layer_norm.default
@@ -21,6 +22,8 @@ _rms_norm_op = torch.ops.fused_layernorm.rms_norm.default
 
 
 def _add_norm_op(*args):
+    if type(args[0]) is not Tensor and not is_compiling():
+        _maybe_register_sharding()
     # Looked up per call: the op may be absent from an older build of the extension.
     return torch.ops.fused_layernorm.add_norm.default(*args)
 
@@ -28,12 +31,16 @@ def _add_norm_op(*args):
 def _layer_norm(x, shape, weight, bias, eps):
     if type(x) is Tensor and not is_compiling():
         return _C.layer_norm(x, shape, weight, bias, eps)
+    if not is_compiling():
+        _maybe_register_sharding()  # a DTensor needs the sharding rules (cheap once registered)
     return _layer_norm_op(x, shape, weight, bias, eps)
 
 
 def _rms_norm(x, shape, weight, eps):
     if type(x) is Tensor and not is_compiling():
         return _C.rms_norm(x, shape, weight, eps)
+    if not is_compiling():
+        _maybe_register_sharding()
     return _rms_norm_op(x, shape, weight, eps)
 
 

@@ -59,7 +59,8 @@ class AddNormBackward : public torch::autograd::Node {
     const Tensor h = saved[kH].unpack(shared_from_this());
     const Tensor dh = grads.size() > 1 ? grads[1] : Tensor();  // h is an output only when returned
     if (!grads[0].defined() && !dh.defined()) return variable_list(4);
-    const Tensor dy = grads[0].defined() ? grads[0] : at::zeros(h.sizes(), h.options().dtype(input_dtype));
+    // zeros_like, not zeros: a tensor subclass (DTensor) gets a zero gradient of its own kind and placement.
+    const Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(h, h.options().dtype(input_dtype));
     const std::array<bool, 4> mask{task_should_compute_output(0), task_should_compute_output(1),
                                    task_should_compute_output(2), task_should_compute_output(3)};
     const Tensor w = saved[kWeight].unpack(), b = saved[kBias].unpack(), mean = saved[kMean].unpack();
