@@ -395,7 +395,7 @@ def test_device_mismatch_is_an_error():
 @pytest.mark.sanitize
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
-def test_sanitize_small(dtype, interleaved, seed):
+def test_sanitize_small_cuda(dtype, interleaved, seed):
     """Small cases for compute-sanitizer memcheck: 16-byte and one-element accesses, partial rotary,
     both layouts, GQA, a strided q; forward and backward."""
     for dim, rot, layout in [(64, 64, "bhsd"), (80, 48, "bshd"), (6, 4, "bhsd")]:
