@@ -77,10 +77,10 @@ class RopeBackward : public torch::autograd::Node {
     variable_list out(4);
     if (!gq.defined() && !gk.defined()) return out;
     const Tensor cos = saved[kCos].unpack(), sin = saved[kSin].unpack();
-    if (task_should_compute_output(0) || task_should_compute_output(1)) {
-      auto [dq, dk] = bwd_op().call(task_should_compute_output(0) ? opt(gq) : std::nullopt,
-                                    task_should_compute_output(1) ? opt(gk) : std::nullopt, cos, sin,
-                                    unsqueeze_dim, interleaved);
+    const OptTensor want_q = task_should_compute_output(0) ? opt(gq) : std::nullopt;
+    const OptTensor want_k = task_should_compute_output(1) ? opt(gk) : std::nullopt;
+    if (want_q || want_k) {
+      auto [dq, dk] = bwd_op().call(want_q, want_k, cos, sin, unsqueeze_dim, interleaved);
       // An output nobody used has an undefined gradient: its input's is then undefined too (zero).
       out[0] = std::move(dq);
       out[1] = std::move(dk);

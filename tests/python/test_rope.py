@@ -293,6 +293,23 @@ def test_only_one_output_used(device, seed):
     torch.testing.assert_close(ql.grad, qr.grad)
 
 
+def test_gradient_through_the_other_output_only(device, seed):
+    """Regression: k requires grad, q does not, and only q_embed is used, so the backward has no
+    gradient to compute for q or k (it once called rope_bwd with neither and raised); with cos
+    requiring grad too, cos still gets its gradient."""
+    q, k, cos, sin, gq, _ = make(1, 2, 2, 4, 16, torch.float64, device, seed)
+    kl, cl = k.clone().requires_grad_(), cos.clone().requires_grad_()
+    qo, _ = fl.apply_rotary_pos_emb(q, kl, cos, sin)
+    qo.backward(gq)
+    assert kl.grad is None
+    qo, _ = fl.apply_rotary_pos_emb(q, kl, cl, sin)
+    qo.backward(gq)
+    cr = cos.clone().requires_grad_()
+    reference(q, k, cr, sin)[0].backward(gq)
+    assert kl.grad is None
+    torch.testing.assert_close(cl.grad, cr.grad)
+
+
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_gradcheck(interleaved, layout, device, seed):
