@@ -10,6 +10,7 @@
 #include "torch/add_norm_ops.h"
 #include "torch/cpu_kernels.h"
 #include "torch/norm_ops.h"
+#include "torch/rope_ops.h"
 
 using namespace fln::glue;
 
@@ -37,6 +38,14 @@ TORCH_LIBRARY(fused_layernorm, m) {
         " float? eps=None, bool rms=False, float dropout_p=0., float weight_offset=0., ScalarType? residual_dtype=None,"
         " bool return_residual=False, bool return_mask=False, Generator? generator=None) -> (Tensor, Tensor, Tensor)",
         seeded);
+  // Rotary position embedding, as Hugging Face's apply_rotary_pos_emb: (q_embed, k_embed).  The backward is
+  // the rotation by -theta; an absent k or gradient gives an undefined output.
+  m.def("rope_fwd(Tensor q, Tensor? k, Tensor cos, Tensor sin, int unsqueeze_dim, bool interleaved)"
+        " -> (Tensor, Tensor)", tags);
+  m.def("rope_bwd(Tensor? grad_q, Tensor? grad_k, Tensor cos, Tensor sin, int unsqueeze_dim, bool interleaved)"
+        " -> (Tensor, Tensor)", tags);
+  m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? position_ids=None, int unsqueeze_dim=1,"
+        " bool interleaved=False) -> (Tensor, Tensor)", tags);
 }
 
 TORCH_LIBRARY_IMPL(fused_layernorm, CPU, m) {
@@ -48,6 +57,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CPU, m) {
   m.impl("rms_norm", &rms_norm_y<kCpuBackend>);
   m.impl("add_norm_fwd", &add_norm_fwd<kCpuAddNorm>);
   m.impl("add_norm_bwd", &add_norm_bwd<kCpuAddNorm>);
+  m.impl("rope_fwd", &rope_fwd<kCpuRope>);
+  m.impl("rope_bwd", &rope_bwd<kCpuRope>);
 }
 
 #ifdef FLN_WITH_CUDA
@@ -60,6 +71,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CUDA, m) {
   m.impl("rms_norm", &rms_norm_y<kCudaBackend>);
   m.impl("add_norm_fwd", &add_norm_fwd<kCudaAddNorm>);
   m.impl("add_norm_bwd", &add_norm_bwd<kCudaAddNorm>);
+  m.impl("rope_fwd", &rope_fwd<kCudaRope>);
+  m.impl("rope_bwd", &rope_bwd<kCudaRope>);
 }
 #endif
 
@@ -70,6 +83,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, Meta, m) {
   m.impl("rms_norm_bwd", &rms_norm_bwd_meta);
   m.impl("add_norm_fwd", &add_norm_fwd_meta);
   m.impl("add_norm_bwd", &add_norm_bwd_meta);
+  m.impl("rope_fwd", &rope_fwd_meta);
+  m.impl("rope_bwd", &rope_bwd_meta);
 }
 
 // The fwd/bwd ops have no derivative of their own: called where autograd
@@ -82,7 +97,9 @@ TORCH_LIBRARY_IMPL(fused_layernorm, Autograd, m) {
   m.impl("layer_norm", &layer_norm_autograd);
   m.impl("rms_norm", &rms_norm_autograd);
   m.impl("add_norm", &add_norm_autograd);
-  for (const char* op : {"layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd", "add_norm_fwd", "add_norm_bwd"})
+  m.impl("rope", &rope_autograd);
+  for (const char* op : {"layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd", "add_norm_fwd", "add_norm_bwd",
+                         "rope_fwd", "rope_bwd"})
     m.impl(op, torch::autograd::autogradNotImplementedFallback());
 }
 
@@ -92,6 +109,7 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CompositeExplicitAutograd, m) {
   m.impl("layer_norm", &layer_norm_composite);
   m.impl("rms_norm", &rms_norm_composite);
   m.impl("add_norm", &add_norm_composite);
+  m.impl("rope", &rope_composite);
 }
 
 // `import fused_layernorm._C` loads this library (and so the registrations).

@@ -1,4 +1,5 @@
-"""fused_layernorm: fused LayerNorm and RMSNorm kernels for PyTorch.
+"""fused_layernorm: fused LayerNorm and RMSNorm kernels for PyTorch, and the rotary
+position embedding (Hugging Face's apply_rotary_pos_emb) in one kernel.
 
 The ops are defined once in C++ (``torch.ops.fused_layernorm.*``) with CPU and
 CUDA backends, meta kernels for ``torch.compile`` and autograd in C++.  This
@@ -8,8 +9,8 @@ import torch  # noqa: F401  (loads libtorch, which the extension links against)
 
 from . import _C  # noqa: F401  (loads the extension and registers the ops)
 from . import distributed
-from .functional import fused_layer_norm, fused_rms_norm, layer_norm, rms_norm
-from .modules import FusedLayerNorm, FusedRMSNorm
+from .functional import apply_rotary_pos_emb, fused_layer_norm, fused_rms_norm, layer_norm, rms_norm
+from .modules import FusedLayerNorm, FusedRMSNorm, FusedRotaryEmbedding
 # fused_layernorm.patch names the function; "from fused_layernorm.patch import ..." still reaches the file.
 from .patch import PatchReport, patch, to_fused
 
@@ -20,6 +21,8 @@ __all__ = [
     "rms_norm",
     "FusedLayerNorm",
     "FusedRMSNorm",
+    "apply_rotary_pos_emb",
+    "FusedRotaryEmbedding",
     "patch",
     "to_fused",
     "PatchReport",

@@ -194,3 +194,40 @@ def fused_rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: Optional[flo
 
 layer_norm.__doc__ += _FUSED_DOC
 rms_norm.__doc__ += _FUSED_DOC
+
+
+def _rope_op(*args):
+    # Looked up per call: the op may be absent from an older build of the extension.
+    return torch.ops.fused_layernorm.rope.default(*args)
+
+
+def apply_rotary_pos_emb(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    position_ids: Optional[Tensor] = None,
+    unsqueeze_dim: int = 1,
+    *,
+    interleaved: bool = False,
+):
+    """Rotary position embedding of q and k in one kernel, forward and backward:
+    Hugging Face's ``apply_rotary_pos_emb`` (Llama family), ``q * cos + rotate_half(q) * sin``.
+
+    * ``q`` [batch, heads, seq, head_dim] and ``k`` [batch, kv_heads, seq, head_dim] with
+      ``unsqueeze_dim=1`` (Hugging Face's layout), or [batch, seq, heads, head_dim] with
+      ``unsqueeze_dim=2``; any strides with a unit last stride are read in place.  k may have
+      fewer heads than q (GQA).  float64, float32, float16 or bfloat16; math in float32
+      (float64 for float64).
+    * ``cos``, ``sin`` [batch or 1, seq, rotary_dim] (or [seq, rotary_dim]), as Hugging Face's
+      rotary embedding returns them: q's dtype, or float32 for 16-bit q.  rotary_dim is even
+      and at most head_dim; the dims past it are passed through (partial rotary, GPT-NeoX style).
+    * ``position_ids``: when cos and sin are tables [max_positions, rotary_dim], the rows at
+      position_ids (Hugging Face before 4.40); with per-position cos/sin it is ignored, as
+      Hugging Face 4.40+ does.
+    * ``interleaved``: GPT-J's pairs (2i, 2i + 1) instead of Llama's halves (i, i + rotary_dim / 2).
+
+    Returns ``(q_embed, k_embed)`` with q's and k's shapes and dtype, laid out as q and k
+    where they are dense.  Differentiable in q, k, cos and sin; inputs are never modified.
+    """
+    return tuple(_rope_op(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved))

@@ -1,4 +1,5 @@
-"""Drop-in modules for torch.nn.LayerNorm and torch.nn.RMSNorm.
+"""Drop-in modules for torch.nn.LayerNorm and torch.nn.RMSNorm, and a rotary embedding
+module (FusedRotaryEmbedding, at the end of this file).
 
 They subclass the torch modules, so ``isinstance(m, nn.LayerNorm)`` holds and the
 constructor, parameters, state_dict keys, reset_parameters and extra_repr are
@@ -268,3 +269,47 @@ class _ScriptRootRMSNorm(FusedRMSNorm):
 
     def __prepare_scriptable__(self):
         return self
+
+
+class FusedRotaryEmbedding(nn.Module):
+    """Rotary position embedding with cached cos/sin tables:
+    ``forward(q, k, position_ids=None)`` returns ``(q_embed, k_embed)`` from
+    :func:`fused_layernorm.apply_rotary_pos_emb`, the tables' rows gathered inside the op.
+
+    The tables hold ``max_positions`` rows of ``rotary_dim`` (default ``head_dim``) angles
+    ``position * base ** (-2i / rotary_dim)``, laid out as Llama's ``cat(freqs, freqs)`` or,
+    with ``interleaved``, GPT-J's (each frequency twice in a row); computed in float64 and
+    kept in float32 (non-persistent buffers).  ``position_ids`` [batch, seq] or [seq] picks
+    the rows (default: positions 0 .. seq - 1).  ``unsqueeze_dim`` names q's and k's layout
+    as in :func:`~fused_layernorm.apply_rotary_pos_emb`.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int = 2048, base: float = 10000.0, *,
+                 rotary_dim: Optional[int] = None, interleaved: bool = False, unsqueeze_dim: int = 1, device=None):
+        super().__init__()
+        rot = head_dim if rotary_dim is None else rotary_dim
+        if rot < 2 or rot % 2 or rot > head_dim:
+            raise ValueError(f"fused_layernorm.FusedRotaryEmbedding: rotary_dim must be even and from 2 to head_dim "
+                             f"({head_dim}), got {rot}")
+        self.head_dim, self.rotary_dim, self.base = head_dim, rot, float(base)
+        self.interleaved, self.unsqueeze_dim = bool(interleaved), int(unsqueeze_dim)
+        inv_freq = self.base ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=device) / rot)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64, device=device), inv_freq)
+        emb = freqs.repeat_interleave(2, -1) if interleaved else torch.cat((freqs, freqs), -1)
+        self.register_buffer("cos_cached", emb.cos().float(), persistent=False)
+        self.register_buffer("sin_cached", emb.sin().float(), persistent=False)
+
+    def forward(self, q: Tensor, k: Tensor, position_ids: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        cos, sin = self.cos_cached, self.sin_cached
+        if q.dtype in (torch.float64, torch.float32) and cos.dtype != q.dtype:  # float32 tables serve 16-bit q as they are
+            cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        if position_ids is None:
+            seq = q.shape[2 if self.unsqueeze_dim in (1, -3) else 1]
+            cos, sin = cos[:seq], sin[:seq]
+        return _F.apply_rotary_pos_emb(q, k, cos, sin, position_ids, self.unsqueeze_dim, interleaved=self.interleaved)
+
+    def extra_repr(self) -> str:
+        s = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, max_positions={self.cos_cached.shape[0]}, base={self.base}"
+        if self.interleaved:
+            s += ", interleaved=True"
+        return s + (f", unsqueeze_dim={self.unsqueeze_dim}" if self.unsqueeze_dim != 1 else "")

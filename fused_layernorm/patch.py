@@ -43,16 +43,33 @@ Numerics against the stock classes (all compute the statistics in float32):
 
 Modules whose instance ``forward`` was replaced (accelerate's offloading hooks do
 that) are skipped and listed in the report: replacing them would drop the hook.
+
+Rotary embedding: with ``rope=True`` (the default) patch also swaps the function
+``apply_rotary_pos_emb`` of the Hugging Face modeling modules the model's classes come
+from (Llama, Mistral, Qwen2, Qwen3, Gemma 1-3, which share Llama's form) for
+:func:`fused_layernorm.apply_rotary_pos_emb`, and counts each swap under
+``"apply_rotary_pos_emb"``.  That function is a module global, looked up at each
+call, so the swap holds for every model of that architecture in the process (as
+Liger's patches do); :func:`restore_rope` puts the originals back and
+:func:`stock_rope` does so for the duration of a ``with`` block.  Numerics: the
+same formula in float32 with one rounding (the stock function rounds the products
+and the sum in the activations' dtype); where cos/sin are float32 and q bf16/fp16
+(under autocast), the result keeps q's dtype where the stock function promotes to
+float32.
 """
+import inspect
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 import torch
 from torch import nn
 
+from .functional import apply_rotary_pos_emb
 from .modules import FusedLayerNorm, FusedRMSNorm
 
-__all__ = ["patch", "to_fused", "PatchReport"]
+__all__ = ["patch", "to_fused", "PatchReport", "restore_rope", "stock_rope"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,86 @@ HF_RMS_NORMS: Dict[str, _HFSpec] = {
     "transformers.models.gemma2.modeling_gemma2.Gemma2RMSNorm": _GEMMA_STYLE,
     "transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm": _GEMMA_STYLE,
 }
+
+# Modeling modules whose apply_rotary_pos_emb is Llama's: q * cos + rotate_half(q) * sin
+# with cos/sin unsqueezed at unsqueeze_dim.
+HF_ROPE_MODULES = (
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.mistral.modeling_mistral",
+    "transformers.models.qwen2.modeling_qwen2",
+    "transformers.models.qwen3.modeling_qwen3",
+    "transformers.models.gemma.modeling_gemma",
+    "transformers.models.gemma2.modeling_gemma2",
+    "transformers.models.gemma3.modeling_gemma3",
+)
+_ROPE = "apply_rotary_pos_emb"
+# Module name -> the function patch swapped out of it.
+_original_rope: Dict[str, Callable] = {}
+
+
+def _fused_rope(q, k, cos, sin, unsqueeze_dim=1):
+    """Hugging Face 4.40+'s apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1), fused."""
+    return apply_rotary_pos_emb(q, k, cos, sin, None, unsqueeze_dim)
+
+
+def _fused_rope_with_position_ids(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Hugging Face's apply_rotary_pos_emb with position_ids (before 5.0), fused."""
+    return apply_rotary_pos_emb(q, k, cos, sin, position_ids, unsqueeze_dim)
+
+
+_fused_rope._fused_layernorm = True
+_fused_rope_with_position_ids._fused_layernorm = True
+
+
+def _rope_replacement(fn: Callable) -> Optional[Callable]:
+    """The fused function with ``fn``'s parameters, or None when ``fn`` has another signature."""
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    if names == ["q", "k", "cos", "sin", "unsqueeze_dim"]:
+        return _fused_rope
+    if names == ["q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"]:
+        return _fused_rope_with_position_ids
+    return None
+
+
+def _swap_rope(module_name: str, report: "PatchReport") -> None:
+    mod = sys.modules.get(module_name)
+    fn = getattr(mod, _ROPE, None)
+    if fn is None or getattr(fn, "_fused_layernorm", False):
+        return  # nothing to swap, or swapped already
+    new = _rope_replacement(fn)
+    if new is None:
+        report.skipped[f"{module_name}.{_ROPE}"] = "its signature is not Hugging Face's (q, k, cos, sin, [position_ids,] unsqueeze_dim)"
+        return
+    _original_rope[module_name] = fn
+    setattr(mod, _ROPE, new)
+    report[_ROPE] = report.get(_ROPE, 0) + 1
+
+
+def restore_rope() -> int:
+    """Put back every ``apply_rotary_pos_emb`` that :func:`patch` swapped; returns how many."""
+    for name, fn in _original_rope.items():
+        setattr(sys.modules[name], _ROPE, fn)
+    n = len(_original_rope)
+    _original_rope.clear()
+    return n
+
+
+@contextmanager
+def stock_rope() -> Iterator[None]:
+    """Inside the block, the swapped modules call their stock ``apply_rotary_pos_emb`` (for a
+    stock model run beside a patched one); the fused function is back on exit."""
+    swapped = {name: getattr(sys.modules[name], _ROPE) for name in _original_rope}
+    for name, fn in _original_rope.items():
+        setattr(sys.modules[name], _ROPE, fn)
+    try:
+        yield
+    finally:
+        for name, fn in swapped.items():
+            setattr(sys.modules[name], _ROPE, fn)
+
 
 # Hook dictionaries carried over to the replacement, so hooks registered on the
 # stock module keep firing.
@@ -157,10 +254,13 @@ def to_fused(module: nn.Module) -> Optional[nn.Module]:
     return _adopt(new, module, ["weight"])
 
 
-def patch(model: nn.Module) -> PatchReport:
+def patch(model: nn.Module, *, rope: bool = True) -> PatchReport:
     """Replace, in place, the norm modules of ``model`` (nn.LayerNorm, nn.RMSNorm and
     the Hugging Face RMSNorm classes listed in this module's docstring) with the fused
-    modules.  Returns a :class:`PatchReport`: class name -> number replaced.
+    modules, and (``rope``) swap the ``apply_rotary_pos_emb`` of the Hugging Face
+    modeling modules it uses for the fused one (process-wide: see this module's
+    docstring).  Returns a :class:`PatchReport`: class name (or
+    ``"apply_rotary_pos_emb"``) -> number replaced.
 
     A module that appears at several places in the model is replaced by one fused
     module at all of them.  ``model`` itself is not replaced (it has no parent to
@@ -190,4 +290,7 @@ def patch(model: nn.Module) -> PatchReport:
             cls = type(child).__name__
             report[cls] = report.get(cls, 0) + 1
         parent._modules[name] = new
+    if rope:
+        for module_name in sorted({type(m).__module__ for m in model.modules()} & set(HF_ROPE_MODULES)):
+            _swap_rope(module_name, report)
     return report

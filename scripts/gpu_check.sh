@@ -8,8 +8,9 @@
 #   FLN_GIT_COMMIT=$(git rev-parse HEAD) FLN_GIT_DIRTY=0 make gpu-check
 # Exits non-zero if anything failed.
 #
-# STAGES picks what runs (default "tests bench fused"; fused: the fused
-# pre-norm benchmark, bench/results/<date>-<gpu>-fused.json and .png).  On a
+# STAGES picks what runs (default "tests bench fused rope"; fused: the fused
+# pre-norm benchmark, bench/results/<date>-<gpu>-fused.json and .png; rope:
+# the rotary benchmark, <date>-<gpu>-rope.json and .png, ROPE_ARGS to narrow it).  On a
 # machine that holds a call to ten minutes, run them as separate calls on the
 # same machine: `STAGES=tests make gpu-check`, then `STAGES=bench ...`, then
 # `STAGES=fused ...` (FUSED_ARGS narrows it, e.g. "--hidden 1024,4096").
@@ -22,11 +23,11 @@ PY=${PYTHON:-python3}
 LOG=${OUT:-bench/out}
 mkdir -p "$LOG" bench/results
 export PYTHONUNBUFFERED=1
-STAGES=${STAGES:-tests bench fused}
+STAGES=${STAGES:-tests bench fused rope}
 SUMMARY=/tmp/fln_test_summary.json
 status=0
 for s in $STAGES; do
-  case $s in tests|bench|fused) ;; *) echo "gpu-check: unknown stage '$s' (tests, bench, fused)" >&2; exit 2;; esac
+  case $s in tests|bench|fused|rope) ;; *) echo "gpu-check: unknown stage '$s' (tests, bench, fused, rope)" >&2; exit 2;; esac
 done
 has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -103,6 +104,14 @@ if has_stage fused; then
   cp /tmp/fln_fused/fused.json "$FUSED.json" 2>/dev/null
   cp /tmp/fln_fused/fused.png "$FUSED.png" 2>/dev/null
   cp "$FUSED.json" "$LOG/" 2>/dev/null
+fi
+if has_stage rope; then
+  echo "== rotary embedding benchmark"
+  ROPE=bench/results/$(date +%F)-$GPU-rope
+  $PY -m fused_layernorm.bench.rope --out /tmp/fln_rope ${ROPE_ARGS:-} 2>&1 | tee "$LOG/rope.log" | tail -20
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  cp /tmp/fln_rope/rope.json "$ROPE.json" 2>/dev/null
+  cp /tmp/fln_rope/rope.png "$ROPE.png" 2>/dev/null
 fi
 echo "gpu-check status: $status"
 exit $status

@@ -13,9 +13,11 @@
 
 #include "../kernels/add_norm/cuda/add_norm_cuda.h"
 #include "../kernels/cuda/norm_cuda.h"
+#include "../kernels/rope/cuda/rope_cuda.h"
 #include "add_norm_ops.h"
 #include "dispatch.h"
 #include "norm_ops.h"
+#include "rope_ops.h"
 
 namespace fln::glue {
 
@@ -105,6 +107,16 @@ void cuda_add_norm_bwd(const AddNormBwdParams& p, at::ScalarType xt, at::ScalarT
   });
 }
 
+// cos/sin: q's dtype or float32 (for 16-bit q), as a norm's weight.
+void cuda_rope(const RopeParams& p, at::ScalarType t, at::ScalarType c, const Tensor& like) {
+  run(like, t, c, "rotary kernel launch", [&](auto tt, auto ct, const auto&, cudaStream_t s, auto) {
+    using T = type_of<decltype(tt)>;
+    using C = type_of<decltype(ct)>;
+    if constexpr (std::is_same_v<T, double> && !std::is_same_v<C, double>) return cudaErrorNotSupported;
+    else return fln::cuda::rope<T, C>(p, s);
+  });
+}
+
 // torch's CUDA generator: a seed and offset, or (under graph capture) the
 // device pointers the captured graph reads them from.  4 draws a call
 // (philox.h).
@@ -132,5 +144,6 @@ DropoutRng cuda_draw(const OptGenerator& gen, const Tensor& like) {
 
 const Backend kCudaBackend{&cuda_fwd, &cuda_bwd};
 const AddNormBackend kCudaAddNorm{&cuda_add_norm_fwd, &cuda_add_norm_bwd, &cuda_draw};
+const RopeBackend kCudaRope{&cuda_rope};
 
 }  // namespace fln::glue

@@ -79,8 +79,9 @@ def parse_args(argv=None):
 class Trainer:
     """One model, its AdamW optimizer and a fixed batch; ``step()`` is one training step."""
 
-    def __init__(self, model, batch: dict, amp: bool, device: str):
+    def __init__(self, model, batch: dict, amp: bool, device: str, context: Callable = nullcontext):
         self.model = model
+        self.context = context  # around the forward: patch's stock_rope() for the stock model
         self.batch = batch
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         self.autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if amp else nullcontext
@@ -88,7 +89,7 @@ class Trainer:
         self._loss_t = None
 
     def step(self):
-        with self.autocast():
+        with self.autocast(), self.context():
             loss = self.model(**self.batch).loss
         loss.backward()
         self.opt.step()
@@ -225,6 +226,7 @@ def print_profile(model: str, prof: Dict[str, dict], top: int, gpu: bool):
 def run(a) -> List[dict]:
     from fused_layernorm import patch
     from fused_layernorm.bench import hf_models
+    from fused_layernorm.patch import stock_rope
 
     gpu = torch.cuda.is_available() and not a.cpu
     device = "cuda" if gpu else "cpu"
@@ -252,7 +254,8 @@ def run(a) -> List[dict]:
         patched = copy.deepcopy(stock)
         report = patch(patched)
         data = hf_models.batch(stock, seq, batch, torch.Generator().manual_seed(0), device)
-        trainers = {"stock": Trainer(stock, data, amp, device), "patched": Trainer(patched, data, amp, device)}
+        # patch swaps apply_rotary_pos_emb process-wide: the stock model runs with the stock one.
+        trainers = {"stock": Trainer(stock, data, amp, device, stock_rope), "patched": Trainer(patched, data, amp, device)}
         times = time_pair(trainers, rounds, steps, a.warmup, gpu)
         row = dict(model=arch, sizes=sizes, dtype=a.dtype, batch=batch, seq=seq, device=name,
                    replaced=dict(report), params=sum(p.numel() for p in stock.parameters()),

@@ -2,9 +2,12 @@
 Hugging Face models (2 layers, hidden 64, vocab 128).  The patched model's logits,
 gradients and a 20-step AdamW loss curve match the stock model's (float32 tightly,
 bf16 within bf16 tolerance); counts, parameters and state_dict keys are kept.
+patch also swaps Hugging Face's apply_rotary_pos_emb (process-wide): stock models run
+under stock_rope(), and every test ends with the stock function restored.
 The Hugging Face tests skip when transformers is not importable."""
 import copy
 import importlib.util
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from torch import nn
 
 import fused_layernorm as fl
 from fused_layernorm import FusedLayerNorm, FusedRMSNorm
+from fused_layernorm.patch import HF_ROPE_MODULES, restore_rope, stock_rope
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 requires_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers not installed")
@@ -25,6 +29,14 @@ arch_params = pytest.mark.parametrize(
     "arch", [pytest.param(a, marks=requires_add_norm) if a == "gemma" else a for a in ARCHS]
 )
 LAYERS = 2
+# Architectures whose modeling module has Llama's apply_rotary_pos_emb (patch swaps it).
+ROPE_ARCHS = {"llama", "mistral", "qwen2", "qwen3", "gemma"}
+
+
+@pytest.fixture(autouse=True)
+def _stock_rope_after_each_test():
+    yield
+    restore_rope()
 
 
 # --- plain nn.Modules -----------------------------------------------------------------
@@ -162,7 +174,10 @@ def test_hf_patch_count_params_and_state_dict(arch, device):
 
     stock, patched, report = _models(arch, torch.float32, device)
     cls = hf_models.ARCHS[arch][2]
-    assert dict(report) == {cls: hf_models.norm_count(arch, LAYERS)} and not report.skipped
+    expected = {cls: hf_models.norm_count(arch, LAYERS)}
+    if arch in ROPE_ARCHS:
+        expected["apply_rotary_pos_emb"] = 1
+    assert dict(report) == expected and not report.skipped
     assert not any(type(m).__name__ == cls for m in patched.modules())
     assert list(patched.state_dict()) == list(stock.state_dict())
     for (n, p), (_, q) in zip(patched.named_parameters(), stock.named_parameters()):
@@ -174,12 +189,13 @@ def test_hf_patch_count_params_and_state_dict(arch, device):
     assert all(p is before[n] for n, p in again.named_parameters())
     eps = getattr(stock.config, "layer_norm_epsilon" if arch in ("gpt2", "t5") else "rms_norm_eps")
     fused = [m for m in patched.modules() if isinstance(m, (FusedLayerNorm, FusedRMSNorm))]
-    assert len(fused) == report.total and all(m.eps == eps for m in fused)
+    assert len(fused) == report.total - report.get("apply_rotary_pos_emb", 0) and all(m.eps == eps for m in fused)
     assert all(m.weight_offset == (1.0 if arch == "gemma" else 0.0) for m in fused)
 
 
-def _forward_backward(model, b):
-    out = model(**b)
+def _forward_backward(model, b, stock=False):
+    with stock_rope() if stock else nullcontext():
+        out = model(**b)
     out.loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     return out.logits.detach(), out.loss.detach(), grads
@@ -190,7 +206,7 @@ def _forward_backward(model, b):
 def test_hf_logits_and_grads_match_fp32(arch, device, seed):
     stock, patched, _ = _models(arch, torch.float32, device)
     b = _batch(stock, device, seed)
-    logits_s, loss_s, grads_s = _forward_backward(stock, b)
+    logits_s, loss_s, grads_s = _forward_backward(stock, b, stock=True)
     logits_p, loss_p, grads_p = _forward_backward(patched, b)
     torch.testing.assert_close(logits_p, logits_s, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(loss_p, loss_s, rtol=1e-5, atol=1e-5)
@@ -212,8 +228,8 @@ def test_hf_logits_and_grads_match_bf16(arch, device, seed):
     stock, patched, _ = _models(arch, torch.bfloat16, device)
     ref = hf_models.build(arch, dtype=torch.float32, device=device, layers=LAYERS)
     b = _batch(stock, device, seed)
-    logits_r, _, grads_r = _forward_backward(ref, b)
-    logits_s, _, grads_s = _forward_backward(stock, b)
+    logits_r, _, grads_r = _forward_backward(ref, b, stock=True)
+    logits_s, _, grads_s = _forward_backward(stock, b, stock=True)
     logits_p, _, grads_p = _forward_backward(patched, b)
     assert _rel_err(logits_p, logits_r) <= 2 * _rel_err(logits_s, logits_r) + 1e-2
     for n, g in grads_r.items():
@@ -235,7 +251,8 @@ def test_hf_adamw_loss_curve_matches(arch, dtype, device, seed):
         b = _batch(model, device, seed)
         losses = []
         for _ in range(20):
-            loss = model(**b).loss
+            with stock_rope() if model is stock else nullcontext():
+                loss = model(**b).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
