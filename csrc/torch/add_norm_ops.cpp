@@ -32,7 +32,7 @@ at::ScalarType check_fwd(const char* op, const Tensor& input, const OptTensor& r
                          std::optional<at::ScalarType> residual_dtype) {
   check_norm_args(op, input, shape, w, b, /*allow_empty=*/true);
   TORCH_CHECK_VALUE(!(rms && has(b)), op, ": RMSNorm takes no bias");
-  TORCH_CHECK_VALUE(p >= 0.0 && p <= 1.0, op, ": dropout_p must be in [0, 1], got ", p);
+  TORCH_CHECK_VALUE(p >= 0.0 && p <= 1.0, op, ": dropout_p must be in [0, 1], got ", std::to_string(p));  // not streamed: checks.cpp
   at::ScalarType rt = residual_dtype ? *residual_dtype : has(residual) ? residual->scalar_type() : input.scalar_type();
   TORCH_CHECK_VALUE(rt == input.scalar_type() || (rt == at::kFloat && input.scalar_type() != at::kDouble), op,
                     ": residual_dtype must be the input's dtype (", input.scalar_type(),

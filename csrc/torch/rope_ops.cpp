@@ -17,7 +17,7 @@ namespace {
 using OptTensor = std::optional<at::Tensor>;
 using at::Tensor;
 
-// Shapes formatted with std::to_string (checks.cpp says why).
+// Integers and shapes formatted with std::to_string, never streamed (checks.cpp says why).
 std::string dims(c10::SymIntArrayRef s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) {
@@ -48,7 +48,7 @@ Names names(bool backward) {
 int64_t heads_axis(const char* op, int64_t unsqueeze_dim) {
   TORCH_CHECK_VALUE(unsqueeze_dim == 1 || unsqueeze_dim == 2 || unsqueeze_dim == -3 || unsqueeze_dim == -2, op,
                     ": unsqueeze_dim must be 1 (q and k of shape [batch, heads, seq, head_dim]) or 2 "
-                    "([batch, seq, heads, head_dim]), or -3 / -2, got ", unsqueeze_dim);
+                    "([batch, seq, heads, head_dim]), or -3 / -2, got ", std::to_string(unsqueeze_dim));
   return unsqueeze_dim < 0 ? unsqueeze_dim + 4 : unsqueeze_dim;
 }
 
@@ -80,7 +80,7 @@ void check_rope(const Names& n, const OptTensor& q, const OptTensor& k, const Te
                           k->sym_size(3) == q->sym_size(3),
                       n.op, ": ", n.k, " must have ", n.q, "'s batch, seq_len and head_dim (heads may differ), got ",
                       n.q, " ", dims(q->sym_sizes()), " and ", n.k, " ", dims(k->sym_sizes()), " with unsqueeze_dim ",
-                      unsqueeze_dim);
+                      std::to_string(unsqueeze_dim));
   }
   const c10::SymInt heads = (has(q) ? q->sym_size(ha) : c10::SymInt(0)) + (has(k) ? k->sym_size(ha) : c10::SymInt(0));
   constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();  // the kernels index a token's heads in 32 bits
@@ -103,7 +103,7 @@ void check_rope(const Names& n, const OptTensor& q, const OptTensor& k, const Te
                         (cos.dim() == 2 && (cos.sym_size(0) == 1 || cos.sym_size(0) == x.sym_size(sa)));
   TORCH_CHECK_VALUE(shape_ok, n.op, ": cos and sin must have shape [batch or 1, seq_len or 1, rotary_dim] (or [seq_len, rotary_dim]; a table [max_positions, rotary_dim] needs "
                     "position_ids), got ", dims(cos.sym_sizes()), " for ", xn, " ", dims(x.sym_sizes()),
-                    " with unsqueeze_dim ", unsqueeze_dim);
+                    " with unsqueeze_dim ", std::to_string(unsqueeze_dim));
   const c10::SymInt rot = cos.sym_size(-1);
   TORCH_CHECK_VALUE(rot >= 2 && rot % 2 == 0 && rot <= x.sym_size(3), n.op,
                     ": the last dim of cos and sin (rotary_dim) must be even and from 2 to head_dim, got ", dims(cos.sym_sizes().slice(cos.dim() - 1)),
