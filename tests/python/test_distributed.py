@@ -67,6 +67,16 @@ def _spawn(group, device, tmp_path, *args):
     mp.spawn(_worker, args=(group, device, str(tmp_path / "store"), args), nprocs=WORLD, join=True)
 
 
+def _log_losses(test, dev, step, losses):
+    """With FLN_DIST_LOSSES=<file>, rank 0 appends each step's losses there (a JSON line)."""
+    path = os.environ.get("FLN_DIST_LOSSES")
+    if path and dist.get_rank() == 0:
+        import json
+        with open(path, "a") as f:
+            f.write(json.dumps(dict(test=test, device=str(dev), step=step,
+                                    **{k: float(v) for k, v in losses.items()})) + "\n")
+
+
 def _close(actual, expected, what, **tol):
     torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}", **tol)
 
@@ -178,6 +188,7 @@ def _check_ddp(rank, dev):
             loss.backward()
             losses[k] = loss.detach()
             grads[k] = {n.removeprefix("module."): g for n, g in _grads(m).items()}
+        _log_losses("ddp", dev, step, losses)
         for k in ("fused", "patched"):
             _close(losses[k], losses["stock"], f"step {step}: {k} loss against nn's", rtol=1e-5, atol=1e-6)
         for k in ("stock", "fused", "patched"):
@@ -229,6 +240,7 @@ def _check_fsdp(rank, dev, ckpt):
                rtol=1e-4, atol=1e-5)
         mean = losses["fused"].clone()
         dist.all_reduce(mean)
+        _log_losses("fsdp2", dev, step, dict(losses, fused_mean_over_ranks=mean / WORLD))
         _close(mean / WORLD, losses["single"], f"step {step}: fully_shard loss against one process",
                rtol=1e-4, atol=1e-5)
 
