@@ -17,17 +17,13 @@ to residual or residual + x / (1 - p) elementwise); a peer that fails is
 reported WRONG with its error and not timed.
 """
 import argparse
-import json
-import math
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from . import report, timing
+from . import opbench
 
 HIDDEN = (128, 512, 896, 1024, 2304, 3584, 4096, 5120, 7168, 8192, 12288, 16384, 32768, 65536, 131072, 262144)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -130,9 +126,7 @@ def _grads(fn, x, r, w, b, dy, dh):
     return y.detach(), h.detach(), gs
 
 
-def _rel(a, e):
-    a, e = a.float(), e.float()
-    return ((a - e).abs().max() / e.abs().max().clamp_min(1e-6)).item()
+_rel = opbench.rel_err
 
 
 def verify(op, fn, p, x, r, w, b, dy, dh, ref):
@@ -180,37 +174,7 @@ def rows_from_log(text):
 
 def plot(rows, path, title=""):
     """% of copy bandwidth against hidden size, one panel per (op, dtype, dropout, direction), a line per peer."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ok = [r for r in rows if r.get("status") == "ok"]
-    panels = sorted({(r["op"], r["dtype"], r["dropout"], r["direction"]) for r in ok})
-    if not panels:
-        return None
-    cols = 4
-    nrows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
-    for ax, key in zip(axes.flat, panels):
-        for peer in PEERS:
-            pts = sorted((r["hidden"], r["pct_copy"]) for r in ok
-                         if (r["op"], r["dtype"], r["dropout"], r["direction"]) == key and r["peer"] == peer)
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=peer, color=f"C{PEERS.index(peer)}",
-                        linewidth=2.5 if peer == "ours" else 1.2)
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 105)
-        ax.set_title(f"{key[0]} {key[1]} p={key[2]} {key[3]}", fontsize=9)
-        ax.set_xlabel("hidden")
-        ax.set_ylabel("% of copy bandwidth")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return opbench.plot_panels(rows, path, title, ("op", "dtype", "dropout", "direction"), "hidden", PEERS)
 
 
 def main(argv=None):
@@ -238,25 +202,10 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("the fused benchmark needs a GPU")
         return 0
-    env = report.environment("cuda")
     peers, missing = load_peers(a.peers)
-    print(f"fused pre-norm bench: {env['gpu_name']}, git {env['commit']}; peers {', '.join(peers)}"
-          + (f"; not installed: {missing}" if missing else ""), flush=True)
-    copy = timing.copy_bandwidth("cuda", nbytes=1 << 30)
-    print(f"copy bandwidth {copy['gbps']:.0f} GB/s", flush=True)
-    flush = timing.L2Flush("cuda")
-    rows_out = []
-    t0 = time.perf_counter()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def write():  # after every case, so a run stopped early keeps what it measured
-        doc = dict(schema="fused_layernorm.bench.fused/1", **env, copy_bandwidth_gbps=copy["gbps"],
-                   peers_available=list(peers), peers_unavailable=missing, rows=rows_out,
-                   config=dict(hidden=a.hidden, dtypes=a.dtypes, ops=a.ops, dropout=a.dropout, reps=a.reps,
-                               log2_numel=a.log2_numel))
-        (out / "fused.json").write_text(json.dumps(doc, indent=1))
-
+    run = opbench.Run("fused", peers, missing, a.out, reps=a.reps,
+                      config=dict(hidden=a.hidden, dtypes=a.dtypes, ops=a.ops, dropout=a.dropout,
+                                  log2_numel=a.log2_numel))
     cases = [(op, dt, p, hd) for op in a.ops for dt in a.dtypes for p in a.dropout for hd in a.hidden]
     for i, (op, dt, p, hidden) in enumerate(cases):
         dtype = DTYPES[dt]
@@ -275,55 +224,26 @@ def main(argv=None):
             fn = bind(op, p)
             if fn is None:
                 continue
-            base = dict(op=op, dtype=dt, hidden=hidden, rows=rows, dropout=p, peer=name)
-            try:
+
+            def check(fn=fn, name=name):
                 errs = verify(op, fn, p, x, r, w, b, dy, dh, ref)
-                ok = max(errs.values()) <= TOL[dtype] * (4 if name == "torch" and dt != "fp32" else 1)
-            except Exception as e:
-                msg = str(e).strip().splitlines()
-                for d in a.directions:
-                    rows_out.append(dict(base, direction=d, status="ERROR", note=(msg[0] if msg else "")[:200]))
-                line.append(f"{name}=ERR")
-                torch.cuda.empty_cache()
-                continue
-            for d in a.directions:
-                cell = dict(base, direction=d, errors={k: float(f"{v:.3g}") for k, v in errs.items()})
-                if not ok:
-                    rows_out.append(dict(cell, status="WRONG"))
-                    line.append(f"{name}:{d}=WRONG")
-                    continue
-                try:
-                    if d == "fwd":
-                        with torch.no_grad():
-                            t_us, _ = timing.cuda_time_us(lambda: fn(x, r, w, b), a.reps, 3, flush)
-                    else:
-                        xl, rl, wl, bl = _leaves(x, r, w, b)
-                        y, h = fn(xl, rl, wl, bl)
-                        params = [t for t in (xl, rl, wl, bl) if t is not None]
-                        t_us, _ = timing.cuda_time_us(
-                            lambda: torch.autograd.grad([y, h], params, [dy, dh], retain_graph=True), a.reps, 3, flush)
-                        del y, h
-                    nbytes = bytes_moved(d, rows, hidden, x.element_size(), p, n_params)
-                    pct = 100 * nbytes / (t_us * 1e-6) / 1e9 / copy["gbps"]
-                    rows_out.append(dict(cell, status="ok", time_us=round(t_us, 2), pct_copy=round(pct, 2)))
-                    line.append(f"{name}:{d}={pct:.1f}")
-                except Exception as e:
-                    msg = str(e).strip().splitlines()
-                    rows_out.append(dict(cell, status="ERROR", note=(msg[0] if msg else "")[:200]))
-                    line.append(f"{name}:{d}=ERR")
-        print(f"[{i + 1}/{len(cases)} {time.perf_counter() - t0:.0f}s] {op} {dt} p={p} {hidden}x{rows}: "
-              + " ".join(line), flush=True)
+                return errs, max(errs.values()) <= TOL[dtype] * (4 if name == "torch" and dt != "fp32" else 1)
+
+            def time_us(d, fn=fn):
+                if d == "fwd":
+                    with torch.no_grad():
+                        return run.time_us(lambda: fn(x, r, w, b))
+                xl, rl, wl, bl = _leaves(x, r, w, b)
+                y, h = fn(xl, rl, wl, bl)
+                params = [t for t in (xl, rl, wl, bl) if t is not None]
+                return run.time_us(lambda: torch.autograd.grad([y, h], params, [dy, dh], retain_graph=True))
+
+            base = dict(op=op, dtype=dt, hidden=hidden, rows=rows, dropout=p, peer=name)
+            line += run.peer_cells(name, base, a.directions, check, time_us,
+                                   lambda d: bytes_moved(d, rows, hidden, x.element_size(), p, n_params))
+        run.case_done(i, len(cases), f"{op} {dt} p={p} {hidden}x{rows}", line)
         del x, r, w, b, dy, dh, ref
-        torch.cuda.empty_cache()
-        write()
-    write()
-    try:
-        plot(rows_out, out / "fused.png", f"{env['gpu_name']}, git {env['commit']}")
-    except ImportError:
-        pass  # no matplotlib: the JSON has the numbers
-    bad = [r for r in rows_out if r["peer"] == "ours" and r["status"] != "ok"]
-    print(f"wrote {out / 'fused.json'}; ours failed {len(bad)} cell(s)")
-    return 1 if bad else 0
+    return run.finish(plot)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,11 @@ outputs and the gradients of q and k against a float32 reference of the formula)
 one that fails is reported WRONG and not timed.  The JSON is written after every case.
 """
 import argparse
-import json
-import math
 import sys
-import time
-from pathlib import Path
 
 import torch
 
-from . import report, timing
+from . import opbench
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -112,9 +108,7 @@ def _run(fn, qb, kb, gq, gk):
     return qo.detach(), ko.detach(), dq.transpose(1, 2), dk.transpose(1, 2)
 
 
-def _rel(a, e):
-    a, e = a.float(), e.float()
-    return ((a - e).abs().max() / e.abs().max().clamp_min(1e-6)).item()
+_rel = opbench.rel_err
 
 
 def verify(fn, qb, kb, gq, gk, ref):
@@ -124,33 +118,7 @@ def verify(fn, qb, kb, gq, gk, ref):
 
 def plot(rows, path, title=""):
     """% of copy bandwidth against head_dim, one panel per (dtype, direction), a line per peer."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ok = [r for r in rows if r.get("status") == "ok"]
-    panels = sorted({(r["dtype"], r["direction"]) for r in ok})
-    if not panels:
-        return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
-    for ax, key in zip(axes.flat, panels):
-        for peer in PEERS:
-            pts = sorted((r["head_dim"], r["pct_copy"]) for r in ok if (r["dtype"], r["direction"]) == key
-                         and r["peer"] == peer)
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=peer, color=f"C{PEERS.index(peer)}",
-                        linewidth=2.5 if peer == "ours" else 1.2)
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 105)
-        ax.set_title(f"rope {key[0]} {key[1]}", fontsize=9)
-        ax.set_xlabel("head_dim")
-        ax.set_ylabel("% of copy bandwidth")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return opbench.plot_panels(rows, path, title, ("dtype", "direction"), "head_dim", PEERS)
 
 
 def main(argv=None):
@@ -171,25 +139,10 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("the rope benchmark needs a GPU")
         return 0
-    env = report.environment("cuda")
     peers, missing = load_peers(a.peers)
-    print(f"rope bench: {env['gpu_name']}, git {env['commit']}; peers {', '.join(peers)}"
-          + (f"; not installed: {missing}" if missing else ""), flush=True)
-    copy = timing.copy_bandwidth("cuda", nbytes=1 << 30)
-    print(f"copy bandwidth {copy['gbps']:.0f} GB/s", flush=True)
-    flush = timing.L2Flush("cuda")
-    rows_out = []
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-
-    def write():  # after every case, so a run stopped early keeps what it measured
-        doc = dict(schema="fused_layernorm.bench.rope/1", **env, copy_bandwidth_gbps=copy["gbps"],
-                   peers_available=list(peers), peers_unavailable=missing, rows=rows_out,
-                   config=dict(head_dims=a.head_dims, dtypes=a.dtypes, heads=a.heads, kv_heads=a.kv_heads,
-                               batch=a.batch, log2_numel=a.log2_numel, reps=a.reps))
-        (out / "rope.json").write_text(json.dumps(doc, indent=1))
-
+    run = opbench.Run("rope", peers, missing, a.out, reps=a.reps,
+                      config=dict(head_dims=a.head_dims, dtypes=a.dtypes, heads=a.heads, kv_heads=a.kv_heads,
+                                  batch=a.batch, log2_numel=a.log2_numel))
     cases = [(dt, d) for dt in a.dtypes for d in a.head_dims]
     for i, (dt, dim) in enumerate(cases):
         dtype = DTYPES[dt]
@@ -201,54 +154,24 @@ def main(argv=None):
         line = []
         for name, bind in peers.items():
             fn = bind(cos, sin)
-            base = dict(dtype=dt, head_dim=dim, batch=a.batch, seq=seq, heads=a.heads, kv_heads=a.kv_heads, peer=name)
-            try:
+
+            def check(fn=fn, name=name):
                 errs = verify(fn, qb, kb, gq, gk, ref)
-                ok = max(errs.values()) <= TOL[dtype] * (2 if name == "torch" else 1)
-            except Exception as e:
-                msg = str(e).strip().splitlines()
-                for d in a.directions:
-                    rows_out.append(dict(base, direction=d, status="ERROR", note=(msg[0] if msg else "")[:200]))
-                line.append(f"{name}=ERR")
-                torch.cuda.empty_cache()
-                continue
-            for d in a.directions:
-                cell = dict(base, direction=d, errors={k: float(f"{v:.3g}") for k, v in errs.items()})
-                if not ok:
-                    rows_out.append(dict(cell, status="WRONG"))
-                    line.append(f"{name}:{d}=WRONG")
-                    continue
-                try:
-                    if d == "fwd":
-                        with torch.no_grad():
-                            t_us, _ = timing.cuda_time_us(lambda: fn(qb, kb), a.reps, 3, flush)
-                    else:
-                        ql, kl = qb.detach().requires_grad_(), kb.detach().requires_grad_()
-                        qo, ko = fn(ql, kl)
-                        t_us, _ = timing.cuda_time_us(
-                            lambda: torch.autograd.grad([qo, ko], [ql, kl], [gq, gk], retain_graph=True),
-                            a.reps, 3, flush)
-                        del qo, ko
-                    pct = 100 * nbytes / (t_us * 1e-6) / 1e9 / copy["gbps"]
-                    rows_out.append(dict(cell, status="ok", time_us=round(t_us, 2), pct_copy=round(pct, 2)))
-                    line.append(f"{name}:{d}={pct:.1f}")
-                except Exception as e:
-                    msg = str(e).strip().splitlines()
-                    rows_out.append(dict(cell, status="ERROR", note=(msg[0] if msg else "")[:200]))
-                    line.append(f"{name}:{d}=ERR")
-        print(f"[{i + 1}/{len(cases)} {time.perf_counter() - t0:.0f}s] rope {dt} d={dim} "
-              f"{a.batch}x{seq}x({a.heads}+{a.kv_heads}): " + " ".join(line), flush=True)
+                return errs, max(errs.values()) <= TOL[dtype] * (2 if name == "torch" else 1)
+
+            def time_us(d, fn=fn):
+                if d == "fwd":
+                    with torch.no_grad():
+                        return run.time_us(lambda: fn(qb, kb))
+                ql, kl = qb.detach().requires_grad_(), kb.detach().requires_grad_()
+                qo, ko = fn(ql, kl)
+                return run.time_us(lambda: torch.autograd.grad([qo, ko], [ql, kl], [gq, gk], retain_graph=True))
+
+            base = dict(dtype=dt, head_dim=dim, batch=a.batch, seq=seq, heads=a.heads, kv_heads=a.kv_heads, peer=name)
+            line += run.peer_cells(name, base, a.directions, check, time_us, lambda d: nbytes)
+        run.case_done(i, len(cases), f"rope {dt} d={dim} {a.batch}x{seq}x({a.heads}+{a.kv_heads})", line)
         del qb, kb, cos, sin, gq, gk, ref
-        torch.cuda.empty_cache()
-        write()
-    write()
-    try:
-        plot(rows_out, out / "rope.png", f"{env['gpu_name']}, git {env['commit']}")
-    except ImportError:
-        pass  # no matplotlib: the JSON has the numbers
-    bad = [r for r in rows_out if r["peer"] == "ours" and r["status"] != "ok"]
-    print(f"wrote {out / 'rope.json'}; ours failed {len(bad)} cell(s)")
-    return 1 if bad else 0
+    return run.finish(plot)
 
 
 if __name__ == "__main__":

@@ -104,3 +104,37 @@ def test_results_merge_over_runs(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("FLN_GIT_COMMIT", "b" * 40)
     assert main(common + ["--ops", "rmsnorm", "--merge"]) == 2
     assert "commit" in capsys.readouterr().err
+
+
+def test_op_bench_peer_cells(tmp_path):
+    """bench.opbench (shared by bench.fused and bench.rope): a peer that fails its check is WRONG and
+    never timed, one that raises is ERROR, the rest get % of the copy bandwidth; the plot draws them."""
+    from fused_layernorm.bench import opbench
+
+    run = object.__new__(opbench.Run)  # the GPU parts of __init__ (copy bandwidth, L2 flush) left out
+    run.rows, run.copy = [], {"gbps": 1000.0}
+    timed = []
+
+    def time_us(d):
+        timed.append(d)
+        if d == "bwd":
+            raise RuntimeError("no backward\nmore")
+        return 2.0
+
+    base = dict(dtype="bf16", head_dim=64)
+    words = run.peer_cells("ours", dict(base, peer="ours"), ["fwd", "bwd"], lambda: ({"y": 1e-3}, True),
+                           time_us, lambda d: 10**6)  # 1 MB in 2 us: 500 GB/s, half the copy
+    assert words == ["ours:fwd=50.0", "ours:bwd=ERR"] and timed == ["fwd", "bwd"]
+    assert run.peer_cells("bad", dict(base, peer="bad"), ["fwd"], lambda: ({"y": 0.5}, False),
+                          time_us, lambda d: 1000) == ["bad:fwd=WRONG"]
+    assert timed == ["fwd", "bwd"]  # the wrong peer was not timed
+
+    def broken():
+        raise ValueError("unsupported")
+    assert run.peer_cells("err", dict(base, peer="err"), ["fwd"], broken, time_us, lambda d: 1) == ["err=ERR"]
+    status = [(r["peer"], r["direction"], r["status"], r.get("pct_copy"), r.get("note")) for r in run.rows]
+    assert status == [("ours", "fwd", "ok", 50.0, None), ("ours", "bwd", "ERROR", None, "no backward"),
+                      ("bad", "fwd", "WRONG", None, None), ("err", "fwd", "ERROR", None, "unsupported")]
+    pytest.importorskip("matplotlib")
+    assert opbench.plot_panels(run.rows, tmp_path / "p.png", "t", ("dtype", "direction"), "head_dim",
+                               ["ours"]).exists()
