@@ -368,7 +368,7 @@ def test_float32_rows_without_weight(kind, hidden, seed):
     """fp32 rows of 48 and 64 KB without weight (and bias): one CTA of
     128-byte register threads would keep 96-128 KB in flight an SM, so the
     row is not re-read; it takes one CTA with the row in shared memory
-    (docs/performance.md v18c)."""
+    (971cafd:docs/performance.md v18c)."""
     check(make_inputs(kind, (517, hidden), (hidden,), torch.float32, "cuda", generator(seed), weight=False,
                       bias=False))
 

@@ -8,7 +8,7 @@
 // Against the general register kernel (fwd_kernel.cuh), which gives each
 // thread one row of up to 64 bytes, this is how torch.compile's Triton
 // kernels lay out short rows: at LN bf16 256 the general kernel ran 1.7 times
-// Triton's instructions (docs/performance.md v13e), two thirds of its loads
+// Triton's instructions (971cafd:docs/performance.md v13e), two thirds of its loads
 // re-reading weight and bias for every row.
 //
 // Statistics: LayerNorm takes two passes over the registers, the sum for the
@@ -132,7 +132,7 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
         if (!valid(i)) continue;
         // Plain loads: as load_l1's (volatile asm) they spilled 12-28 bytes
         // in the fp16 rows of one access a lane (LN fp16 256 95 -> 90% of
-        // copy bandwidth; docs/performance.md v26d).
+        // copy bandwidth; 971cafd:docs/performance.md v26d).
         Frag<W, VEC> w, b;
         if constexpr (has_w()) w.load(wg + c0 + i * kStep);
         if constexpr (has_b()) b.load(bg + c0 + i * kStep);

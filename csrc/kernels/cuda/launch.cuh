@@ -314,7 +314,7 @@ std::pair<GroupKernelFn, GroupKernelShape> bwd_group_kernel_for() {
 // The row-group forward (Plan::group) of a dtype: 16 elements a thread,
 // STAGES rows of x in shared memory (16 KB each), y LAG rows after the sums,
 // two CTAs an SM (16-bit rows: at most 56 registers).  H200, % of copy
-// bandwidth (docs/performance.md v19a): (7, 3) LN fp32 262144 88.9, (8, 3)
+// bandwidth (971cafd:docs/performance.md v19a): (7, 3) LN fp32 262144 88.9, (8, 3)
 // at one CTA an SM 69.8, (6, 2) 80.3, (7, 2) 80.0, (5, 2) 80.8; 16-bit
 // rows at one CTA an SM (70 registers) LN bf16 300000 53.2, at two 65.8.
 using FwdGroupKernelFn = void (*)(FwdParams, GroupLayout, GroupXchg, float);
@@ -353,7 +353,7 @@ inline SplitShape split_shape(int64_t rows, int64_t cols, int vec) {
 }
 
 // Which rows take the register kernels (the rest take the split paths), from
-// H200 measurements (docs/performance.md): the forward keeps clusters of up
+// H200 measurements (971cafd:docs/performance.md): the forward keeps clusters of up
 // to 16 CTAs (bf16 65536: 48% of copy bandwidth, split 34%), and so does the
 // backward of 16-byte accesses since cluster sums are pushed (v12b, % of
 // copy against the split path: fp32 65536 80.3 / 56.5, bf16 131072 56.0 /
@@ -500,7 +500,7 @@ struct BwdShape {
 };
 
 // The register kernel's variant and its dynamic shared memory, from H200
-// measurements of % of copy bandwidth (docs/performance.md, v6a, v6d, v8a):
+// measurements of % of copy bandwidth (971cafd:docs/performance.md, v6a, v6d, v8a):
 // - Rows of one CTA take the prefetch pipe (bf16 2048 85 -> 92, 4096 85 ->
 //   90 at 8 elements a thread; fp32 5120-8192 88 -> 95-98 at 16), except rows
 //   of 16 elements a thread whose prefetch keeps less than
