@@ -588,4 +588,14 @@ __device__ __forceinline__ int cluster_rank_or_zero(int csize) {
   return 0;
 }
 
+// The cluster exchanges are compiled for sm_90 only: a kernel built from older
+// PTX (JIT-compiled on an sm_90 GPU) has none, so it must never be launched as
+// a cluster (each CTA would normalize its slice alone).
+inline bool built_for_clusters(const void* kernel) {
+  cudaFuncAttributes a;
+  const bool ok = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.ptxVersion >= 90;
+  cudaGetLastError();
+  return ok;
+}
+
 }  // namespace fln::cuda

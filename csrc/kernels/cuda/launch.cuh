@@ -127,6 +127,7 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
     ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
     if (ok) limit = smem;
   }
+  if (ok && csize > 1) ok = built_for_clusters(fn);
   if (ok && csize > 8)  // 16-CTA clusters are "non-portable" and must be enabled per kernel
     ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
   if (ok && csize == 1) {

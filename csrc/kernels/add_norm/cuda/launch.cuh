@@ -56,6 +56,7 @@ int resident(K kernel, const DeviceInfo& dev, int threads, int cluster, size_t s
   bool ok = true;
   if (smem > 48 * 1024)
     ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
+  if (ok && cluster > 1) ok = built_for_clusters(fn);
   if (ok && cluster > 8)  // 16-CTA clusters are non-portable and enabled per kernel
     ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
   if (ok && cluster == 1) {
