@@ -96,22 +96,17 @@ if has_stage bench; then
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   cp "$RESULTS" /tmp/fln_bench/results.csv /tmp/fln_bench/pct_copy.png "$LOG/" 2>/dev/null
 fi
-if has_stage fused; then
-  echo "== fused pre-norm benchmark"
-  FUSED=bench/results/$(date +%F)-$GPU-fused
-  $PY -m fused_layernorm.bench.fused --out /tmp/fln_fused ${FUSED_ARGS:-} 2>&1 | tee "$LOG/fused.log" | tail -40
+# An op benchmark (bench.<module>) into bench/results/<date>-<gpu>-<module>.json and .png.
+op_bench() {  # module, title, extra args
+  echo "== $2"
+  local res=bench/results/$(date +%F)-$GPU-$1
+  $PY -m fused_layernorm.bench.$1 --out /tmp/fln_$1 $3 2>&1 | tee "$LOG/$1.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  cp /tmp/fln_fused/fused.json "$FUSED.json" 2>/dev/null
-  cp /tmp/fln_fused/fused.png "$FUSED.png" 2>/dev/null
-  cp "$FUSED.json" "$LOG/" 2>/dev/null
-fi
-if has_stage rope; then
-  echo "== rotary embedding benchmark"
-  ROPE=bench/results/$(date +%F)-$GPU-rope
-  $PY -m fused_layernorm.bench.rope --out /tmp/fln_rope ${ROPE_ARGS:-} 2>&1 | tee "$LOG/rope.log" | tail -20
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  cp /tmp/fln_rope/rope.json "$ROPE.json" 2>/dev/null
-  cp /tmp/fln_rope/rope.png "$ROPE.png" 2>/dev/null
-fi
+  cp /tmp/fln_$1/$1.json "$res.json" 2>/dev/null
+  cp /tmp/fln_$1/$1.png "$res.png" 2>/dev/null
+  cp "$res.json" "$LOG/" 2>/dev/null
+}
+has_stage fused && op_bench fused "fused pre-norm benchmark" "${FUSED_ARGS:-}"
+has_stage rope && op_bench rope "rotary embedding benchmark" "${ROPE_ARGS:-}"
 echo "gpu-check status: $status"
 exit $status

@@ -82,9 +82,7 @@ def run_large(plan: Plan, peers) -> List[dict]:
     """Per case: every peer verified, then the verified peers timed in turns,
     the order reversed each round, and each cell the median of its rounds'
     reps pooled.  Where a peer runs in the case's sequence moves its cells by
-    up to a point either way (H200, % of copy bandwidth, RMS bf16 7168
-    forward: the peer timed second 0.3-0.5 ahead, at 8192 the one timed first
-    0.1-0.9 ahead; 971cafd:docs/performance.md v28a), so every peer takes each place."""
+    up to a point either way, so every peer takes each place."""
     rows: List[dict] = []
     flush = timing.L2Flush(plan.device) if plan.device == "cuda" else None
     reps = max(1, -(-plan.reps // plan.rounds))  # per round, rounded up: the rounds take at least plan.reps
@@ -184,9 +182,8 @@ def run_small(plan: Plan, peers, rows_list: Sequence[int], hidden: int, dtype: s
               calls: int = 300, loops: int = 31) -> List[dict]:
     """Per-call wall time through the Python API for tiny batches.  The peers of
     one case take turns loop by loop, so that drifts of the host hit all alike.
-    The median of 31 loops: with 15, one host-bound forward+backward case read
-    7% over eager in one run and 6-15% under it in three reruns on the same
-    machine (971cafd:docs/performance.md v21d)."""
+    The median of 31 loops: with 15, host-bound cases swung by several percent
+    between reruns on the same machine."""
     out: List[dict] = []
     sync = torch.cuda.synchronize if plan.device == "cuda" else (lambda: None)
     for op in plan.ops:

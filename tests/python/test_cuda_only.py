@@ -367,8 +367,7 @@ def test_backward_row_groups_output_mask(mask, weight, seed):
 def test_float32_rows_without_weight(kind, hidden, seed):
     """fp32 rows of 48 and 64 KB without weight (and bias): one CTA of
     128-byte register threads would keep 96-128 KB in flight an SM, so the
-    row is not re-read; it takes one CTA with the row in shared memory
-    (971cafd:docs/performance.md v18c)."""
+    row is not re-read; it takes one CTA with the row in shared memory."""
     check(make_inputs(kind, (517, hidden), (hidden,), torch.float32, "cuda", generator(seed), weight=False,
                       bias=False))
 

@@ -5,11 +5,9 @@
 // side by side.  The weight and bias of a thread's columns are loaded once
 // for its R rows, and the R rows' reductions run interleaved.
 //
-// Against the general register kernel (fwd_kernel.cuh), which gives each
-// thread one row of up to 64 bytes, this is how torch.compile's Triton
-// kernels lay out short rows: at LN bf16 256 the general kernel ran 1.7 times
-// Triton's instructions (971cafd:docs/performance.md v13e), two thirds of its loads
-// re-reading weight and bias for every row.
+// Short rows are laid out as torch.compile's Triton kernels do: the general
+// register kernel (fwd_kernel.cuh), one row of up to 64 bytes a thread,
+// re-reads weight and bias for every row, which dominates its loads there.
 //
 // Statistics: LayerNorm takes two passes over the registers, the sum for the
 // mean and then sum((x - mean)^2), which is exact without the general
@@ -130,9 +128,8 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         if (!valid(i)) continue;
-        // Plain loads: as load_l1's (volatile asm) they spilled 12-28 bytes
-        // in the fp16 rows of one access a lane (LN fp16 256 95 -> 90% of
-        // copy bandwidth; 971cafd:docs/performance.md v26d).
+        // Plain loads: as load_l1's (volatile asm) they spill in the fp16
+        // rows of one access a lane.
         Frag<W, VEC> w, b;
         if constexpr (has_w()) w.load(wg + c0 + i * kStep);
         if constexpr (has_b()) b.load(bg + c0 + i * kStep);

@@ -314,10 +314,8 @@ std::pair<GroupKernelFn, GroupKernelShape> bwd_group_kernel_for() {
 
 // The row-group forward (Plan::group) of a dtype: 16 elements a thread,
 // STAGES rows of x in shared memory (16 KB each), y LAG rows after the sums,
-// two CTAs an SM (16-bit rows: at most 56 registers).  H200, % of copy
-// bandwidth (971cafd:docs/performance.md v19a): (7, 3) LN fp32 262144 88.9, (8, 3)
-// at one CTA an SM 69.8, (6, 2) 80.3, (7, 2) 80.0, (5, 2) 80.8; 16-bit
-// rows at one CTA an SM (70 registers) LN bf16 300000 53.2, at two 65.8.
+// two CTAs an SM (16-bit rows: at most 56 registers): one CTA an SM, or
+// fewer stages, keeps too few bytes in flight.
 using FwdGroupKernelFn = void (*)(FwdParams, GroupLayout, GroupXchg, float);
 
 template <typename DT, typename DW>
@@ -353,13 +351,10 @@ inline SplitShape split_shape(int64_t rows, int64_t cols, int vec) {
   return s;
 }
 
-// Which rows take the register kernels (the rest take the split paths), from
-// H200 measurements (971cafd:docs/performance.md): the forward keeps clusters of up
-// to 16 CTAs (bf16 65536: 48% of copy bandwidth, split 34%), and so does the
-// backward of 16-byte accesses since cluster sums are pushed (v12b, % of
-// copy against the split path: fp32 65536 80.3 / 56.5, bf16 131072 56.0 /
-// 51.1; v10d had measured 16-CTA clusters behind it, with a cluster barrier
-// a row).  Rows of the scalar path (vec 1) keep at most 4: larger clusters
+// Which rows take the register kernels (the rest take the split paths): the
+// forward keeps clusters of up to 16 CTAs, and so does the backward of
+// 16-byte accesses, whose cluster sums are pushed: both read x once where the
+// split paths read it twice.  Rows of the scalar path (vec 1) keep at most 4: larger clusters
 // were measured for 16-byte accesses only.
 inline bool use_register_kernel(const Plan& pl, bool bwd) {
   return pl.registers && (!bwd || pl.vec > 1 || pl.csize <= 4);
@@ -500,8 +495,8 @@ struct BwdShape {
   GroupKernelFn group_kernel;  // row groups (Plan::group): the kernel, nparts groups of plan.csize CTAs
 };
 
-// The register kernel's variant and its dynamic shared memory, from H200
-// measurements of % of copy bandwidth (971cafd:docs/performance.md, v6a, v6d, v8a):
+// The register kernel's variant and its dynamic shared memory (the figures are
+// H200 % of copy bandwidth, before -> after):
 // - Rows of one CTA take the prefetch pipe (bf16 2048 85 -> 92, 4096 85 ->
 //   90 at 8 elements a thread; fp32 5120-8192 88 -> 95-98 at 16), except rows
 //   of 16 elements a thread whose prefetch keeps less than
