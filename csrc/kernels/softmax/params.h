@@ -14,7 +14,8 @@
 // i = r % q_len and keeps columns j <= i + (cols - q_len) (the bottom-right
 // aligned triangle; q_len == cols is Megatron's square).  The glue requires
 // q_len <= cols, so every row keeps at least one column.  Masked columns get
-// y = 0 (log-softmax: -inf) and dx = 0; the mask is never materialized.
+// y = 0 (log-softmax: -inf) and dx = 0, and their dy is ignored (those
+// outputs are constants); the mask is never materialized.
 // Math in fp32 (fp64 for double); a row of only -inf gives NaN, as torch.
 #pragma once
 #include <cstdint>
