@@ -7,8 +7,10 @@
 //   loop      (separate kernels) one CTA a row, two passes over global memory.
 // A row's columns are spread over its threads in accesses of VEC elements:
 // access i of thread t holds columns (i * row_threads + t) * VEC ..., so a
-// warp's accesses are contiguous.  Causal rows keep columns [0, kept): the
-// masked ones are not read, and written as 0 (log-softmax: -inf; dx: 0).
+// warp's accesses are contiguous.  The row kernels load with an L2
+// evict-last hint, as the norms' register kernels do (worth 1-4 points of
+// copy bandwidth there).  Causal rows keep columns [0, kept): the masked ones
+// are not read, and written as 0 (log-softmax: -inf; dx: 0).
 //
 // The forward is one pass over the registers: each thread takes the max m of
 // its z = scale * x and e = exp(z - m), s = sum e; the row's (max, sum) pairs
@@ -31,7 +33,10 @@ constexpr int kMaxThreads = 512;  // a CTA; plan.h keeps to it
 constexpr int kMaxCluster = 16;
 // Register caps: the row kernels hold 64 bytes of each input a thread (and the
 // forward its fp32 exponentials); the loop kernels stream, at two CTAs an SM.
+// The log-softmax backward takes 128: the compiler computes every exp(y) of
+// a thread before the row sum arrives, and 16-bit rows spilled at 96.
 constexpr int kRowRegs = 96;
+constexpr int kLogBwdRegs = 128;
 constexpr int kLoopRegs = 64;
 
 struct Layout {
@@ -169,7 +174,7 @@ __global__ void FLN_MAX_REGS(kRowRegs) softmax_fwd_kernel(const SoftmaxParams p,
     Frag<D, VEC> xf[NV];
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      if (col(i) < kept) load_l1<L1Policy::kNoAllocate>(xf[i], x + col(i));
+      if (col(i) < kept) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], x + col(i));
       else xf[i].zero();
     }
     A m = neg_inf<A>();
@@ -226,7 +231,7 @@ __device__ __forceinline__ A bwd_dx(A y, A dy, A sum, A scale) {
 // Backward, a row of y and dy in registers: one pass.
 // ---------------------------------------------------------------------------
 template <typename T, int VEC, int NV, Mode M, bool kLog>
-__global__ void FLN_MAX_REGS(kRowRegs) softmax_bwd_kernel(const SoftmaxParams p, const Layout lay) {
+__global__ void FLN_MAX_REGS(kLog ? kLogBwdRegs : kRowRegs) softmax_bwd_kernel(const SoftmaxParams p, const Layout lay) {
   using A = dacc_t<T>;
   using D = device_t<T>;
   constexpr bool kCl = M == Mode::kCluster;
@@ -247,8 +252,8 @@ __global__ void FLN_MAX_REGS(kRowRegs) softmax_bwd_kernel(const SoftmaxParams p,
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       if (col(i) < kept) {
-        load_l1<L1Policy::kNoAllocate>(yf[i], y + col(i));
-        load_l1<L1Policy::kNoAllocate>(gf[i], dy + col(i));
+        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(yf[i], y + col(i));
+        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(gf[i], dy + col(i));
       } else {
         yf[i].zero();
         gf[i].zero();
