@@ -11,14 +11,11 @@ is verified first (y and dx against a float32 reference); one that fails is repo
 WRONG and not timed.  The JSON is written after every case.
 """
 import argparse
-import json
 import sys
-import time
-from pathlib import Path
 
 import torch
 
-from . import report, timing
+from . import opbench
 
 COLS = (256, 1024, 4096, 16384, 32768, 65536, 131072)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -71,40 +68,9 @@ def _run(fn, x, g):
     return y.detach(), dx
 
 
-def _rel(a, e):
-    a, e = a.float(), e.float()
-    return ((a - e).abs().max() / e.abs().max().clamp_min(1e-6)).item()
-
-
 def plot(rows, path, title=""):
     """% of copy bandwidth against cols, one panel per (dtype, direction), a line per peer."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ok = [r for r in rows if r.get("status") == "ok"]
-    panels = sorted({(r["dtype"], r["direction"]) for r in ok})
-    if not panels:
-        return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
-    for ax, key in zip(axes.flat, panels):
-        for peer in PEERS:
-            pts = sorted((r["cols"], r["pct_copy"]) for r in ok if (r["dtype"], r["direction"]) == key
-                         and r["peer"] == peer)
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=peer, color=f"C{PEERS.index(peer)}",
-                        linewidth=2.5 if peer == "ours" else 1.2)
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 105)
-        ax.set_title(f"softmax {key[0]} {key[1]}", fontsize=9)
-        ax.set_xlabel("row length")
-        ax.set_ylabel("% of copy bandwidth")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return opbench.plot_panels(rows, path, title, ("dtype", "direction"), "cols", PEERS)
 
 
 def main(argv=None):
@@ -122,24 +88,9 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("the softmax benchmark needs a GPU")
         return 0
-    env = report.environment("cuda")
     peers, missing = load_peers(a.peers)
-    print(f"softmax bench: {env['gpu_name']}, git {env['commit']}; peers {', '.join(peers)}"
-          + (f"; not installed: {missing}" if missing else ""), flush=True)
-    copy = timing.copy_bandwidth("cuda", nbytes=1 << 30)
-    print(f"copy bandwidth {copy['gbps']:.0f} GB/s", flush=True)
-    flush = timing.L2Flush("cuda")
-    rows_out = []
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-
-    def write():  # after every case, so a run stopped early keeps what it measured
-        doc = dict(schema="fused_layernorm.bench.softmax/1", **env, copy_bandwidth_gbps=copy["gbps"],
-                   peers_available=list(peers), peers_unavailable=missing, rows=rows_out,
-                   config=dict(cols=a.cols, dtypes=a.dtypes, log2_numel=a.log2_numel, reps=a.reps))
-        (out / "softmax.json").write_text(json.dumps(doc, indent=1))
-
+    run = opbench.Run("softmax", peers, missing, a.out, reps=a.reps,
+                      config=dict(cols=a.cols, dtypes=a.dtypes, log2_numel=a.log2_numel))
     cases = [(dt, c) for dt in a.dtypes for c in a.cols]
     for i, (dt, cols) in enumerate(cases):
         dtype = DTYPES[dt]
@@ -148,59 +99,28 @@ def main(argv=None):
         x = torch.randn(rows, cols, generator=gen, device="cuda", dtype=dtype) * 3
         g = torch.randn(rows, cols, generator=gen, device="cuda", dtype=dtype)
         ref = _run(lambda t: torch.softmax(t.float(), -1), x, g.float())
+        # forward: x read, y written; backward: y and dy read, dx written
+        nbytes = {"fwd": 2 * x.numel() * x.element_size(), "bwd": 3 * x.numel() * x.element_size()}
         line = []
         for name, fn in peers.items():
+
+            def check(fn=fn, name=name):
+                y, dx = _run(fn, x, g)
+                errs = {"y": opbench.rel_err(y, ref[0]), "dx": opbench.rel_err(dx, ref[1])}
+                return errs, max(errs.values()) <= TOL[dtype] * (2 if name == "torch" else 1)
+
+            def time_us(d, fn=fn):
+                if d == "fwd":
+                    with torch.no_grad():
+                        return run.time_us(lambda: fn(x))
+                xl = x.detach().requires_grad_()
+                y = fn(xl)
+                return run.time_us(lambda: torch.autograd.grad(y, xl, g, retain_graph=True))
+
             base = dict(dtype=dt, cols=cols, rows=rows, peer=name)
-            try:
-                out_ = _run(fn, x, g)
-                errs = {"y": _rel(out_[0], ref[0]), "dx": _rel(out_[1], ref[1])}
-                ok = max(errs.values()) <= TOL[dtype] * (2 if name == "torch" else 1)
-                del out_
-            except Exception as e:
-                msg = str(e).strip().splitlines()
-                for d in a.directions:
-                    rows_out.append(dict(base, direction=d, status="ERROR", note=(msg[0] if msg else "")[:200]))
-                line.append(f"{name}=ERR")
-                torch.cuda.empty_cache()
-                continue
-            for d in a.directions:
-                cell = dict(base, direction=d, errors={k: float(f"{v:.3g}") for k, v in errs.items()})
-                if not ok:
-                    rows_out.append(dict(cell, status="WRONG"))
-                    line.append(f"{name}:{d}=WRONG")
-                    continue
-                try:
-                    if d == "fwd":
-                        nbytes = 2 * x.numel() * x.element_size()
-                        with torch.no_grad():
-                            t_us, _ = timing.cuda_time_us(lambda: fn(x), a.reps, 3, flush)
-                    else:
-                        nbytes = 3 * x.numel() * x.element_size()
-                        xl = x.detach().requires_grad_()
-                        y = fn(xl)
-                        t_us, _ = timing.cuda_time_us(lambda: torch.autograd.grad(y, xl, g, retain_graph=True),
-                                                      a.reps, 3, flush)
-                        del y, xl
-                    pct = 100 * nbytes / (t_us * 1e-6) / 1e9 / copy["gbps"]
-                    rows_out.append(dict(cell, status="ok", time_us=round(t_us, 2), pct_copy=round(pct, 2)))
-                    line.append(f"{name}:{d}={pct:.1f}")
-                except Exception as e:
-                    msg = str(e).strip().splitlines()
-                    rows_out.append(dict(cell, status="ERROR", note=(msg[0] if msg else "")[:200]))
-                    line.append(f"{name}:{d}=ERR")
-        print(f"[{i + 1}/{len(cases)} {time.perf_counter() - t0:.0f}s] softmax {dt} {rows}x{cols}: "
-              + " ".join(line), flush=True)
-        del x, g, ref
-        torch.cuda.empty_cache()
-        write()
-    write()
-    try:
-        plot(rows_out, out / "softmax.png", f"{env['gpu_name']}, git {env['commit']}")
-    except ImportError:
-        pass  # no matplotlib: the JSON has the numbers
-    bad = [r for r in rows_out if r["peer"] == "ours" and r["status"] != "ok"]
-    print(f"wrote {out / 'softmax.json'}; ours failed {len(bad)} cell(s)")
-    return 1 if bad else 0
+            line += run.peer_cells(name, base, a.directions, check, time_us, lambda d: nbytes[d])
+        run.case_done(i, len(cases), f"softmax {dt} {rows}x{cols}", line)
+    return run.finish(plot)
 
 
 if __name__ == "__main__":
