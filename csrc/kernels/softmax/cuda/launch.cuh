@@ -67,7 +67,12 @@ cudaError_t run(const SoftmaxParams& p, Plan pl, const DeviceInfo& dev, cudaStre
     const int64_t res = resident(cluster_k, dev, pl.cta_threads, pl.cluster, 0);
     if (res > 0) {  // a persistent grid of clusters
       const int64_t groups = p.rows < res ? p.rows : res;
-      return launch(cluster_k, dim3(unsigned(groups * pl.cluster)), pl.cta_threads, 0, pl.cluster, stream, p, lay);
+      const cudaError_t e =
+          launch(cluster_k, dim3(unsigned(groups * pl.cluster)), pl.cta_threads, 0, pl.cluster, stream, p, lay);
+      // A cluster the occupancy query admitted but the launch refused (a
+      // non-sticky configuration error, cleared by launch(); nothing ran):
+      // the loop kernel below takes the rows rather than the op failing.
+      if (e != cudaErrorInvalidClusterSize && e != cudaErrorLaunchOutOfResources) return e;
     }
     pl = loop_plan(pl);
   }
