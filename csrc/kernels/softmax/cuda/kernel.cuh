@@ -50,6 +50,9 @@ __device__ __forceinline__ float log_acc(float v) { return logf(v); }
 __device__ __forceinline__ double log_acc(double v) { return log(v); }
 __device__ __forceinline__ float max_acc(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b); }
+// A product rounded on its own: never contracted with an addition into an FMA.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 template <typename A>
 __device__ __forceinline__ A neg_inf() {
   return A(-INFINITY);
@@ -58,14 +61,16 @@ __device__ __forceinline__ A neg_inf() {
 // A slice's (max, sum of exp(z - max)); merged pairwise, the sums rescaled to
 // the larger max.  Empty slices are (-inf, 0): their exponent offset is taken
 // as 0 so no -inf - -inf is formed.  Merging is symmetric, so both partners
-// of a butterfly hold the same bits.
+// of a butterfly hold the same bits: both products are rounded before the
+// sum (contracted, a * b + c * d is fma(a, b, c * d) in one partner and
+// fma(c, d, a * b) in the other, which may differ in the last bit).
 template <typename A>
 struct MaxSum {
   A m, s;
   __device__ __forceinline__ void merge(const MaxSum& o) {
     const A mx = max_acc(m, o.m);
     const A base = mx == neg_inf<A>() ? A(0) : mx;
-    s = s * exp_acc(m - base) + o.s * exp_acc(o.m - base);
+    s = mul_rn(s, exp_acc(m - base)) + mul_rn(o.s, exp_acc(o.m - base));
     m = mx;
   }
   __device__ __forceinline__ MaxSum shfl_xor(int off) const {
