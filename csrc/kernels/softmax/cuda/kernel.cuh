@@ -10,7 +10,10 @@
 // warp's accesses are contiguous.  The row kernels load with an L2
 // evict-last hint, as the norms' register kernels do (worth 1-4 points of
 // copy bandwidth there).  Causal rows keep columns [0, kept): the masked ones
-// are not read, and written as 0 (log-softmax: -inf; dx: 0).
+// are never used, and written as 0 (log-softmax: -inf; dx: 0).  No access
+// starts past kept, but the 16-byte access that straddles it loads up to
+// VEC - 1 masked elements (inside the row: cols is a multiple of VEC there),
+// which every use tests away (col + k < kept).
 //
 // The forward is one pass over the registers: each thread takes the max m of
 // its z = scale * x and e = exp(z - m), s = sum e; the row's (max, sum) pairs
