@@ -107,23 +107,37 @@ def poison(device, *tensors):
 # --- forward and backward against the reference ----------------------------------------------
 
 
+def same(a, b):
+    """Bitwise-equal values, NaN matching NaN."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
 def run_and_check(x, *, log=False, scale=1.0, causal=False, dy=None, seed=0):
-    """Forward through the public op, then the backward op on our y; both checked."""
+    """Forward through the public op, then the backward op on our y; both checked.  Causal:
+    the masked entries of x, and of y and dy in the backward, are NaN first, so a kernel
+    that lets a masked element into a sum (or a 16-byte access straddling the boundary that
+    leaks its masked lanes) makes the row NaN."""
     dtype, n = x.dtype, x.shape[-1]
+    mask = causal_mask(*x.shape[-2:], device=x.device).expand_as(x) if causal else None
+    if causal:
+        x = x.masked_fill(mask, math.nan)
     x0 = x.clone()
     poison(x.device.type, x)
     y = fl.softmax(x, log=log, scale=scale, causal=causal)
-    assert torch.equal(x, x0), "the input was modified"
+    assert same(x, x0), "the input was modified"
     assert y.is_contiguous()
     e = reference(x, log=log, scale=scale, causal=causal)
     check(y, e, dtype, fwd_slack(x, e, log, scale, causal), "y", n)
     if dy is None:
         dy = randn(x.shape, dtype=dtype, device=x.device, gen=generator(seed + 1))
-    y0, dy0 = y.clone(), dy.clone()
+    y_in = y.masked_fill(mask, math.nan) if causal else y
+    if causal:
+        dy = dy.masked_fill(mask, math.nan)
+    y0, dy0 = y_in.clone(), dy.clone()
     poison(x.device.type, x)
-    dx = ops.softmax_bwd(y, dy, log, scale, causal)
-    assert torch.equal(y, y0) and torch.equal(dy, dy0), "the backward's inputs were modified"
-    dxe, slack = ref_backward(y, dy, log, scale, causal)
+    dx = ops.softmax_bwd(y_in, dy, log, scale, causal)
+    assert same(y_in, y0) and same(dy, dy0), "the backward's inputs were modified"
+    dxe, slack = ref_backward(y_in, dy, log, scale, causal)
     check(dx, dxe, dtype, slack, "dx", n)
     return y, dx
 
@@ -204,6 +218,27 @@ def test_infinite_rows(device, dtype, n):
         assert torch.isnan(y[0]).all() and torch.isnan(e[0]).all()
         check(y[1:], e[1:], dtype, 1.0 + 20 * log, "partly -inf rows", n)
         assert y[1, -1].item() == (0.0 if log else 1.0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,n", [(torch.float32, 65536), (torch.float32, 100000), (torch.bfloat16, 262144),
+                                     (torch.float32, 300000), (torch.bfloat16, 300001)],
+                         ids=["fp32-cluster8", "fp32-cluster13", "bf16-cluster16", "fp32-loop", "bf16-loop-odd"])
+def test_infinite_long_rows_cuda(dtype, n):
+    """-inf across the CTAs of a cluster and the chunks of the loop kernel: whole CTAs (chunks)
+    hold only -inf and must merge as (-inf, 0) without NaN; a row of -inf is NaN."""
+    x = torch.full((5, n), -math.inf, dtype=dtype, device="cuda")
+    x[1, -1] = -100.0  # only the last CTA (chunk) holds a finite value
+    x[2, 0] = 3.0  # only the first
+    x[3, ::4099] = torch.linspace(-5, 5, len(range(0, n, 4099)), dtype=dtype, device="cuda")
+    x[4, n // 2] = 1e4  # a finite maximum far from 0, in a middle CTA
+    for log in (False, True):
+        y = fl.softmax(x, log=log)
+        e = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+        assert torch.isnan(y[0]).all()
+        check(y[1:], e[1:], dtype, 1.0 + 20 * log, "partly -inf rows", n)
+        if not log:
+            assert y[1, -1].item() == 1.0 and y[2, 0].item() == 1.0 and y[4, n // 2].item() == 1.0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
@@ -419,12 +454,55 @@ def test_cuda_graph_capture(seed):
 
 
 @requires_cuda
+def test_cuda_graph_capture_long_rows(seed):
+    """Clusters (8, 13 non-portable and 16 CTAs) and the loop kernel, forward and backward ops,
+    captured after a warm-up and replayed on new data: equal to eager, bitwise."""
+    gen = generator(seed)
+    cases = [(torch.bfloat16, 65536, False), (torch.float32, 100000, True), (torch.bfloat16, 262144, False),
+             (torch.float32, 300000, True)]
+    xs = [randn((3, n), dtype=dt, device="cuda", gen=gen, scale=2.0) for dt, n, _ in cases]
+    gs = [randn((3, n), dtype=dt, device="cuda", gen=gen) for dt, n, _ in cases]
+
+    def body():
+        outs = []
+        for (_, _, log), x, g in zip(cases, xs, gs):
+            y = ops.softmax_fwd(x, log, 0.5, False)
+            outs += [y, ops.softmax_bwd(y, g, log, 0.5, False)]
+        return outs
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = body()
+    for _ in range(2):
+        with torch.no_grad():
+            for (dt, n, _), x, g in zip(cases, xs, gs):
+                x.copy_(randn((3, n), dtype=dt, device="cuda", gen=gen, scale=2.0))
+                g.copy_(randn((3, n), dtype=dt, device="cuda", gen=gen))
+        graph.replay()
+        eager = body()
+        torch.cuda.synchronize()
+        for i, (a, e) in enumerate(zip(static, eager)):
+            assert torch.equal(a, e), f"output {i} of the replay differs from eager"
+
+
+@requires_cuda
 @pytest.mark.slow
 def test_64bit_offsets():
-    """More than 2^31 elements (bf16, 4.3 GB): the last rows are right."""
+    """More than 2^31 elements (bf16, 4.3 GB, rows held by clusters): the last rows are right,
+    forward and backward."""
     rows, n = 1 << 15, 65600  # 2.15e9 elements
     x = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda").normal_()
     y = fl.softmax(x)
     tail = x[-3:]
     torch.testing.assert_close(y[-3:].float(), torch.softmax(tail.float(), -1).to(torch.bfloat16).float(),
                                rtol=2e-2, atol=1e-7)
+    dx = ops.softmax_bwd(y, x, False, 1.0, False)  # x as the incoming gradient: no third 4.3 GB input
+    yt, gt = y[-3:].double(), tail.double()
+    dxe = yt * (gt - (gt * yt).sum(-1, keepdim=True))
+    torch.testing.assert_close(dx[-3:].double(), dxe, rtol=2e-2, atol=1e-6)
