@@ -55,7 +55,8 @@ def extension():
     sources = ["csrc/registration.cpp", "csrc/torch/checks.cpp", "csrc/torch/norm_ops.cpp",
                "csrc/torch/cpu_backend.cpp", "csrc/torch/meta_ops.cpp", "csrc/torch/autograd.cpp",
                "csrc/torch/add_norm_ops.cpp", "csrc/torch/add_norm_autograd.cpp",
-               "csrc/torch/rope_ops.cpp", "csrc/torch/rope_autograd.cpp"]
+               "csrc/torch/rope_ops.cpp", "csrc/torch/rope_autograd.cpp",
+               "csrc/torch/softmax_ops.cpp", "csrc/torch/softmax_autograd.cpp"]
     # The CPU kernels, once per instruction set (csrc/torch/cpu_kernels.h).
     sources += ["csrc/torch/cpu_kernels_base.cpp", "csrc/torch/cpu_kernels_avx2.cpp",
                 "csrc/torch/cpu_kernels_avx512.cpp"]
@@ -76,7 +77,7 @@ def extension():
                                           extra_link_args=link)
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
     sources += ["csrc/torch/cuda_backend.cpp"] + rel("csrc/kernels/cuda/inst_*.cu") + rel("csrc/kernels/add_norm/cuda/inst_*.cu")
-    sources += rel("csrc/kernels/rope/cuda/inst_*.cu")
+    sources += rel("csrc/kernels/rope/cuda/inst_*.cu") + rel("csrc/kernels/softmax/cuda/inst_*.cu")
     nvcc = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
     if os.environ.get("FLN_PTXAS_VERBOSE") == "1":
         nvcc.append("-Xptxas=-v")

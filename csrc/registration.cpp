@@ -11,6 +11,7 @@
 #include "torch/cpu_kernels.h"
 #include "torch/norm_ops.h"
 #include "torch/rope_ops.h"
+#include "torch/softmax_ops.h"
 
 using namespace fln::glue;
 
@@ -46,6 +47,11 @@ TORCH_LIBRARY(fused_layernorm, m) {
         " -> (Tensor, Tensor)", tags);
   m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? position_ids=None, int unsqueeze_dim=1,"
         " bool interleaved=False) -> (Tensor, Tensor)", tags);
+  // Softmax / log-softmax over the last dim of z = scale * input, causal: the attention mask of
+  // [..., q_len, k_len] inputs (query i keeps keys j <= i + k_len - q_len), applied in the kernel.
+  m.def("softmax_fwd(Tensor input, bool log, float scale, bool causal) -> Tensor", tags);
+  m.def("softmax_bwd(Tensor output, Tensor grad_output, bool log, float scale, bool causal) -> Tensor", tags);
+  m.def("softmax(Tensor input, int dim=-1, bool log=False, float scale=1., bool causal=False) -> Tensor", tags);
 }
 
 TORCH_LIBRARY_IMPL(fused_layernorm, CPU, m) {
@@ -59,6 +65,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CPU, m) {
   m.impl("add_norm_bwd", &add_norm_bwd<kCpuAddNorm>);
   m.impl("rope_fwd", &rope_fwd<kCpuRope>);
   m.impl("rope_bwd", &rope_bwd<kCpuRope>);
+  m.impl("softmax_fwd", &softmax_fwd<kCpuSoftmax>);
+  m.impl("softmax_bwd", &softmax_bwd<kCpuSoftmax>);
 }
 
 #ifdef FLN_WITH_CUDA
@@ -73,6 +81,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CUDA, m) {
   m.impl("add_norm_bwd", &add_norm_bwd<kCudaAddNorm>);
   m.impl("rope_fwd", &rope_fwd<kCudaRope>);
   m.impl("rope_bwd", &rope_bwd<kCudaRope>);
+  m.impl("softmax_fwd", &softmax_fwd<kCudaSoftmax>);
+  m.impl("softmax_bwd", &softmax_bwd<kCudaSoftmax>);
 }
 #endif
 
@@ -85,6 +95,8 @@ TORCH_LIBRARY_IMPL(fused_layernorm, Meta, m) {
   m.impl("add_norm_bwd", &add_norm_bwd_meta);
   m.impl("rope_fwd", &rope_fwd_meta);
   m.impl("rope_bwd", &rope_bwd_meta);
+  m.impl("softmax_fwd", &softmax_fwd_meta);
+  m.impl("softmax_bwd", &softmax_bwd_meta);
 }
 
 // The fwd/bwd ops have no derivative of their own: called where autograd
@@ -98,8 +110,9 @@ TORCH_LIBRARY_IMPL(fused_layernorm, Autograd, m) {
   m.impl("rms_norm", &rms_norm_autograd);
   m.impl("add_norm", &add_norm_autograd);
   m.impl("rope", &rope_autograd);
+  m.impl("softmax", &softmax_autograd);
   for (const char* op : {"layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd", "add_norm_fwd", "add_norm_bwd",
-                         "rope_fwd", "rope_bwd"})
+                         "rope_fwd", "rope_bwd", "softmax_fwd", "softmax_bwd"})
     m.impl(op, torch::autograd::autogradNotImplementedFallback());
 }
 
@@ -110,6 +123,7 @@ TORCH_LIBRARY_IMPL(fused_layernorm, CompositeExplicitAutograd, m) {
   m.impl("rms_norm", &rms_norm_composite);
   m.impl("add_norm", &add_norm_composite);
   m.impl("rope", &rope_composite);
+  m.impl("softmax", &softmax_composite);
 }
 
 // `import fused_layernorm._C` loads this library (and so the registrations).

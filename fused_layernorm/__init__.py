@@ -1,5 +1,6 @@
 """fused_layernorm: fused LayerNorm and RMSNorm kernels for PyTorch, and the rotary
-position embedding (Hugging Face's apply_rotary_pos_emb) in one kernel.
+position embedding (Hugging Face's apply_rotary_pos_emb) and softmax / log-softmax
+(with the attention form's scale and causal mask) in one kernel each.
 
 The ops are defined once in C++ (``torch.ops.fused_layernorm.*``) with CPU and
 CUDA backends, meta kernels for ``torch.compile`` and autograd in C++.  This
@@ -9,7 +10,8 @@ import torch  # noqa: F401  (loads libtorch, which the extension links against)
 
 from . import _C  # noqa: F401  (loads the extension and registers the ops)
 from . import distributed
-from .functional import apply_rotary_pos_emb, fused_layer_norm, fused_rms_norm, layer_norm, rms_norm
+from .functional import (apply_rotary_pos_emb, fused_layer_norm, fused_rms_norm, layer_norm, log_softmax, rms_norm,
+                         softmax)
 from .modules import FusedLayerNorm, FusedRMSNorm, FusedRotaryEmbedding
 # fused_layernorm.patch names the function; "from fused_layernorm.patch import ..." still reaches the file.
 from .patch import PatchReport, patch, to_fused
@@ -23,6 +25,8 @@ __all__ = [
     "FusedRMSNorm",
     "apply_rotary_pos_emb",
     "FusedRotaryEmbedding",
+    "softmax",
+    "log_softmax",
     "patch",
     "to_fused",
     "PatchReport",

@@ -231,3 +231,37 @@ def apply_rotary_pos_emb(
     where they are dense.  Differentiable in q, k, cos and sin; inputs are never modified.
     """
     return tuple(_rope_op(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved))
+
+
+def _softmax_op(*args):
+    # Looked up per call: the op may be absent from an older build of the extension.
+    return torch.ops.fused_layernorm.softmax.default(*args)
+
+
+def softmax(x: Tensor, dim: int = -1, *, log: bool = False, scale: float = 1.0, causal: bool = False) -> Tensor:
+    """Softmax of ``scale * x`` over ``dim`` in one kernel, forward and backward
+    (``log=True``: log-softmax).  Math in float32 (float64 for float64); float64,
+    float32, float16 or bfloat16 in and out.
+
+    * ``dim``: the last dim is read in place (rows with a unit inner stride, any row
+      stride); another dim is moved to the last with one copy in and one out.
+    * ``causal``: the attention form (Megatron's ``scaled_upper_triang_masked_softmax``)
+      for x of shape [..., q_len, k_len] with ``q_len <= k_len`` and ``dim=-1``: query i
+      keeps keys ``j <= i + k_len - q_len`` (q_len == k_len: the lower triangle with its
+      diagonal).  Masked entries give 0 (log-softmax: -inf) and a zero gradient (their
+      incoming gradient is ignored: they are constants); the
+      mask is applied in the kernel, never materialized.
+    * A row of only -inf gives NaN, as ``torch.softmax``.
+
+    Returns a new contiguous tensor (with ``dim`` moved back) of x's shape and dtype;
+    x is never modified.  The backward saves only the output.
+    """
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"fused_layernorm.softmax: dim must be an int, got {type(dim).__name__}")
+    scale = _number("softmax", "scale", scale)
+    return _softmax_op(x, dim, bool(log), scale, bool(causal))
+
+
+def log_softmax(x: Tensor, dim: int = -1, *, scale: float = 1.0, causal: bool = False) -> Tensor:
+    """``softmax(x, dim, log=True, scale=scale, causal=causal)``."""
+    return softmax(x, dim, log=True, scale=scale, causal=causal)

@@ -8,9 +8,10 @@
 #   FLN_GIT_COMMIT=$(git rev-parse HEAD) FLN_GIT_DIRTY=0 make gpu-check
 # Exits non-zero if anything failed.
 #
-# STAGES picks what runs (default "tests bench fused rope"; fused: the fused
+# STAGES picks what runs (default "tests bench fused rope softmax"; fused: the fused
 # pre-norm benchmark, bench/results/<date>-<gpu>-fused.json and .png; rope:
-# the rotary benchmark, <date>-<gpu>-rope.json and .png, ROPE_ARGS to narrow it).  On a
+# the rotary benchmark, <date>-<gpu>-rope.json and .png, ROPE_ARGS to narrow it;
+# softmax: the softmax benchmark, <date>-<gpu>-softmax.json and .png, SOFTMAX_ARGS).  On a
 # machine that holds a call to ten minutes, run them as separate calls on the
 # same machine: `STAGES=tests make gpu-check`, then `STAGES=bench ...`, then
 # `STAGES=fused ...` (FUSED_ARGS narrows it, e.g. "--hidden 1024,4096").
@@ -23,11 +24,11 @@ PY=${PYTHON:-python3}
 LOG=${OUT:-bench/out}
 mkdir -p "$LOG" bench/results
 export PYTHONUNBUFFERED=1
-STAGES=${STAGES:-tests bench fused rope}
+STAGES=${STAGES:-tests bench fused rope softmax}
 SUMMARY=/tmp/fln_test_summary.json
 status=0
 for s in $STAGES; do
-  case $s in tests|bench|fused|rope) ;; *) echo "gpu-check: unknown stage '$s' (tests, bench, fused, rope)" >&2; exit 2;; esac
+  case $s in tests|bench|fused|rope|softmax) ;; *) echo "gpu-check: unknown stage '$s' (tests, bench, fused, rope, softmax)" >&2; exit 2;; esac
 done
 has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -108,5 +109,6 @@ op_bench() {  # module, title, extra args
 }
 has_stage fused && op_bench fused "fused pre-norm benchmark" "${FUSED_ARGS:-}"
 has_stage rope && op_bench rope "rotary embedding benchmark" "${ROPE_ARGS:-}"
+has_stage softmax && op_bench softmax "softmax benchmark" "${SOFTMAX_ARGS:-}"
 echo "gpu-check status: $status"
 exit $status

@@ -14,10 +14,12 @@
 #include "../kernels/add_norm/cuda/add_norm_cuda.h"
 #include "../kernels/cuda/norm_cuda.h"
 #include "../kernels/rope/cuda/rope_cuda.h"
+#include "../kernels/softmax/cuda/softmax_cuda.h"
 #include "add_norm_ops.h"
 #include "dispatch.h"
 #include "norm_ops.h"
 #include "rope_ops.h"
+#include "softmax_ops.h"
 
 namespace fln::glue {
 
@@ -117,6 +119,13 @@ void cuda_rope(const RopeParams& p, at::ScalarType t, at::ScalarType c, const Te
   });
 }
 
+void cuda_softmax(const SoftmaxParams& p, at::ScalarType t, const Tensor& like) {
+  run(like, t, t, p.backward ? "softmax backward kernel launch" : "softmax kernel launch",
+      [&](auto tt, auto, const auto& dev, cudaStream_t s, auto) {
+        return fln::cuda::softmax<type_of<decltype(tt)>>(p, dev, s);
+      });
+}
+
 // torch's CUDA generator: a seed and offset, or (under graph capture) the
 // device pointers the captured graph reads them from.  4 draws a call
 // (philox.h).
@@ -145,5 +154,6 @@ DropoutRng cuda_draw(const OptGenerator& gen, const Tensor& like) {
 const Backend kCudaBackend{&cuda_fwd, &cuda_bwd};
 const AddNormBackend kCudaAddNorm{&cuda_add_norm_fwd, &cuda_add_norm_bwd, &cuda_draw};
 const RopeBackend kCudaRope{&cuda_rope};
+const SoftmaxBackend kCudaSoftmax{&cuda_softmax};
 
 }  // namespace fln::glue

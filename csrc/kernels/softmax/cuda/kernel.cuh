@@ -1,0 +1,420 @@
+// The softmax kernels (params.h), forward and backward, with three row
+// strategies chosen by plan.h:
+//   kRow      a team of threads_per_row threads of one CTA holds a row in
+//             registers (several rows a CTA for short rows): x is read once;
+//   kCluster  the same team in each CTA of a thread-block cluster (sm_90),
+//             the row's statistics exchanged through distributed shared memory;
+//   loop      (separate kernels) one CTA a row, two passes over global memory.
+// A row's columns are spread over its threads in accesses of VEC elements:
+// access i of thread t holds columns (i * row_threads + t) * VEC ..., so a
+// warp's accesses are contiguous.  The row kernels load with an L2
+// evict-last hint, as the norms' register kernels do (worth 1-4 points of
+// copy bandwidth there).  Causal rows keep columns [0, kept): the masked ones
+// are never used, and written as 0 (log-softmax: -inf; dx: 0).  No access
+// starts past kept, but the 16-byte access that straddles it loads up to
+// VEC - 1 masked elements (inside the row: cols is a multiple of VEC there),
+// which every use tests away (col + k < kept).
+//
+// The forward is one pass over the registers: each thread takes the max m of
+// its z = scale * x and e = exp(z - m), s = sum e; the row's (max, sum) pairs
+// are merged (online softmax), and y = e * exp(m - M) / S.  A row of -inf has
+// M = -inf and S = 0, so y is NaN, as torch's.
+#pragma once
+#include <cooperative_groups.h>
+
+#include <cmath>
+
+#include "../../cuda/common.cuh"
+#include "../params.h"
+#include "plan.h"
+
+namespace fln::cuda::softmax_kernels {
+
+enum class Mode { kRow, kCluster };
+
+constexpr int kMaxThreads = 512;  // a CTA; plan.h keeps to it
+constexpr int kMaxCluster = 16;
+// Register caps: the row kernels hold 64 bytes of each input a thread (and the
+// forward its fp32 exponentials); the loop kernels stream, at two CTAs an SM.
+// The log-softmax backward takes 128: the compiler computes every exp(y) of
+// a thread before the row sum arrives, and 16-bit rows spilled at 96.
+constexpr int kRowRegs = 96;
+constexpr int kLogBwdRegs = 128;
+constexpr int kLoopRegs = 64;
+
+struct Layout {
+  int threads_per_row = 1;  // of one CTA: a power of two up to 32, or whole warps (then one row a CTA)
+  int cluster = 1;          // kCluster: CTAs of a cluster on a row
+};
+
+__device__ __forceinline__ float exp_acc(float v) { return exp2f(v * 1.4426950408889634f); }
+__device__ __forceinline__ double exp_acc(double v) { return exp(v); }
+__device__ __forceinline__ float log_acc(float v) { return logf(v); }
+__device__ __forceinline__ double log_acc(double v) { return log(v); }
+__device__ __forceinline__ float max_acc(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b); }
+// A product rounded on its own: never contracted with an addition into an FMA.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+template <typename A>
+__device__ __forceinline__ A neg_inf() {
+  return A(-INFINITY);
+}
+
+// A slice's (max, sum of exp(z - max)); merged pairwise, the sums rescaled to
+// the larger max.  Empty slices are (-inf, 0): their exponent offset is taken
+// as 0 so no -inf - -inf is formed.  Merging is symmetric, so both partners
+// of a butterfly hold the same bits: both products are rounded before the
+// sum (contracted, a * b + c * d is fma(a, b, c * d) in one partner and
+// fma(c, d, a * b) in the other, which may differ in the last bit).
+template <typename A>
+struct MaxSum {
+  A m, s;
+  __device__ __forceinline__ void merge(const MaxSum& o) {
+    const A mx = max_acc(m, o.m);
+    const A base = mx == neg_inf<A>() ? A(0) : mx;
+    s = mul_rn(s, exp_acc(m - base)) + mul_rn(o.s, exp_acc(o.m - base));
+    m = mx;
+  }
+  __device__ __forceinline__ MaxSum shfl_xor(int off) const {
+    return {__shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off)};
+  }
+  __device__ __forceinline__ static MaxSum empty() { return {neg_inf<A>(), A(0)}; }
+};
+
+template <typename A>
+struct MaxSumShared {
+  MaxSum<A> warp[2][kMaxThreads / 32];  // two buffers in turn: one barrier a reduction
+  MaxSum<A> cta[2];                     // kCluster: this CTA's total, read by the others
+};
+
+// Merges v over the row's threads: lanes by butterfly, then the warps of the
+// CTA (a team of whole warps), then the CTAs of the cluster, each step in a
+// fixed order, so every thread ends with the same bits.  `round` alternates
+// the shared buffers: buffer b is written again two rounds on, after every
+// thread (CTA) has passed the barrier of the round in between.
+template <bool kCluster, typename A>
+__device__ __forceinline__ MaxSum<A> reduce_max_sum(MaxSum<A> v, int threads_per_row, MaxSumShared<A>& sh,
+                                                    int round) {
+  const int lanes = threads_per_row < 32 ? threads_per_row : 32;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const MaxSum<A> o = v.shfl_xor(off);  // every lane shuffles: no divergence
+    if (off < lanes) v.merge(o);
+  }
+  if (threads_per_row <= 32 && !kCluster) return v;
+  const int buf = round & 1, lane = threadIdx.x % 32;
+  auto butterfly16 = [](MaxSum<A> t) {
+#pragma unroll
+    for (int off = 1; off < 16; off *= 2) t.merge(t.shfl_xor(off));
+    return t;
+  };
+  if (threads_per_row > 32) {
+    if (lane == 0) sh.warp[buf][threadIdx.x / 32] = v;
+    __syncthreads();
+    const int warps = threads_per_row / 32;
+    v = butterfly16(lane % 16 < warps ? sh.warp[buf][lane % 16] : MaxSum<A>::empty());
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters: sm_90 (plan.h plans none before)
+  if constexpr (kCluster) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) sh.cta[buf] = v;
+    cluster.sync();
+    const int ctas = int(cluster.num_blocks());
+    MaxSum<A> t = MaxSum<A>::empty();
+    if (lane % 16 < ctas) t = *cluster.map_shared_rank(&sh.cta[buf], lane % 16);
+    v = butterfly16(t);
+  }
+#endif
+  return v;
+}
+
+// A CTA of a cluster must not exit while another may still read its shared memory.
+template <bool kCluster>
+__device__ __forceinline__ void cluster_done() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kCluster) cooperative_groups::this_cluster().sync();
+#endif
+}
+
+// A thread's place on its rows (kRow, kCluster).
+struct Place {
+  int64_t first_row, row_step;  // the CTA's (cluster's) rows: first_row + row_in_cta, + row_step, ...
+  int t, row_threads;           // this thread among the row's threads, and how many
+  int row_in_cta;
+};
+
+template <Mode M>
+__device__ __forceinline__ Place place(const Layout& lay) {
+  Place pl;
+  const int tpr = lay.threads_per_row, rows_per_cta = int(blockDim.x) / tpr;
+  const int rank = M == Mode::kCluster ? cluster_rank_or_zero(lay.cluster) : 0;
+  const int64_t group = blockIdx.x / lay.cluster, groups = gridDim.x / lay.cluster;
+  pl.row_in_cta = int(threadIdx.x) / tpr;
+  pl.t = rank * tpr + int(threadIdx.x) % tpr;
+  pl.row_threads = tpr * lay.cluster;
+  pl.first_row = group * rows_per_cta;
+  pl.row_step = groups * rows_per_cta;
+  return pl;
+}
+
+// ---------------------------------------------------------------------------
+// Forward, a row in registers.
+// ---------------------------------------------------------------------------
+template <typename T, int VEC, int NV, Mode M, bool kLog>
+__global__ void FLN_MAX_REGS(kRowRegs) softmax_fwd_kernel(const SoftmaxParams p, const Layout lay) {
+  using A = dacc_t<T>;
+  using D = device_t<T>;
+  constexpr bool kCl = M == Mode::kCluster;
+  __shared__ MaxSumShared<A> sh;
+  const Place pl = place<M>(lay);
+  const int64_t n = p.cols;
+  auto col = [&](int i) { return (int64_t(i) * pl.row_threads + pl.t) * VEC; };
+  const A scale = A(p.scale);
+  int round = 0;
+  // The loop bound is uniform over the CTA (cluster), so every thread reaches every barrier.
+  for (int64_t first = pl.first_row; first < p.rows; first += pl.row_step) {
+    const int64_t row = first + pl.row_in_cta;
+    const bool live = row < p.rows;
+    const int64_t kept = live ? softmax_kept(p, row) : 0;
+    const D* x = static_cast<const D*>(p.in) + row * p.in_stride;
+    Frag<D, VEC> xf[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (col(i) < kept) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], x + col(i));
+      else xf[i].zero();
+    }
+    A m = neg_inf<A>();
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        if (col(i) + k < kept) m = max_acc(m, A(xf[i].get(k)) * scale);
+    const A base = m == neg_inf<A>() ? A(0) : m;
+    A e[kLog ? 1 : NV * VEC];
+    A s = A(0);
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A v = col(i) + k < kept ? exp_acc(A(xf[i].get(k)) * scale - base) : A(0);
+        s += v;
+        if constexpr (!kLog) e[i * VEC + k] = v;
+      }
+    const MaxSum<A> r = reduce_max_sum<kCl>(MaxSum<A>{m, s}, lay.threads_per_row, sh, round++);
+    if (!live) continue;
+    // softmax: e * exp(m - M) / S (0 where this thread holds no kept column);
+    // log-softmax: z - (M + log S).
+    const A f = kLog ? A(0) : exp_acc(m - r.m) / r.s;
+    const A lse = kLog ? r.m + log_acc(r.s) : A(0);
+    D* y = static_cast<D*>(p.out) + row * p.out_stride;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = col(i);
+      if (c >= n) continue;
+      A o[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        if constexpr (kLog) o[k] = c + k < kept ? A(xf[i].get(k)) * scale - lse : neg_inf<A>();
+        else o[k] = c + k < kept ? e[i * VEC + k] * f : A(0);
+      }
+      store_vec(y + c, o);
+    }
+  }
+  cluster_done<kCl>();
+}
+
+// The backward's per-element pieces: the row sum's term, and dx from it.
+template <bool kLog, typename A>
+__device__ __forceinline__ A bwd_term(A y, A dy) {
+  return kLog ? dy : dy * y;
+}
+template <bool kLog, typename A>
+__device__ __forceinline__ A bwd_dx(A y, A dy, A sum, A scale) {
+  return kLog ? scale * (dy - exp_acc(y) * sum) : scale * y * (dy - sum);
+}
+
+// ---------------------------------------------------------------------------
+// Backward, a row of y and dy in registers: one pass.
+// ---------------------------------------------------------------------------
+template <typename T, int VEC, int NV, Mode M, bool kLog>
+__global__ void FLN_MAX_REGS(kLog ? kLogBwdRegs : kRowRegs) softmax_bwd_kernel(const SoftmaxParams p, const Layout lay) {
+  using A = dacc_t<T>;
+  using D = device_t<T>;
+  constexpr bool kCl = M == Mode::kCluster;
+  __shared__ ReduceSmem<A, 1> sh;
+  const Place pl = place<M>(lay);
+  RowReducer<A, 1, 2, kCl> red{sh, lay.threads_per_row, lay.cluster, pl.row_in_cta};
+  red.init();
+  const int64_t n = p.cols;
+  auto col = [&](int i) { return (int64_t(i) * pl.row_threads + pl.t) * VEC; };
+  const A scale = A(p.scale);
+  for (int64_t first = pl.first_row; first < p.rows; first += pl.row_step) {
+    const int64_t row = first + pl.row_in_cta;
+    const bool live = row < p.rows;
+    const int64_t kept = live ? softmax_kept(p, row) : 0;
+    const D* y = static_cast<const D*>(p.in) + row * p.in_stride;
+    const D* dy = static_cast<const D*>(p.grad) + row * p.grad_stride;
+    Frag<D, VEC> yf[NV], gf[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (col(i) < kept) {
+        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(yf[i], y + col(i));
+        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(gf[i], dy + col(i));
+      } else {
+        yf[i].zero();
+        gf[i].zero();
+      }
+    }
+    A s[1] = {A(0)};
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        if (col(i) + k < kept) s[0] += bwd_term<kLog>(A(yf[i].get(k)), A(gf[i].get(k)));
+    red.sum(s);
+    if (!live) continue;
+    D* dx = static_cast<D*>(p.out) + row * p.out_stride;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = col(i);
+      if (c >= n) continue;
+      A o[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        o[k] = c + k < kept ? bwd_dx<kLog>(A(yf[i].get(k)), A(gf[i].get(k)), s[0], scale) : A(0);
+      store_vec(dx + c, o);
+    }
+  }
+  red.finish();
+}
+
+// ---------------------------------------------------------------------------
+// Rows past a cluster: one CTA of kLoopThreads a row, grid-stride over rows.
+// Pass 1 reduces the row chunk by chunk (NV accesses a thread, loads marked
+// evict-last in L2); pass 2 reads it again (evict-first) and writes.
+// ---------------------------------------------------------------------------
+template <typename T, int VEC, int NV, bool kLog>
+__global__ void FLN_MAX_REGS(kLoopRegs) softmax_fwd_loop_kernel(const SoftmaxParams p) {
+  using A = dacc_t<T>;
+  using D = device_t<T>;
+  __shared__ MaxSumShared<A> sh;
+  const int64_t n = p.cols, chunk = int64_t(blockDim.x) * NV * VEC;
+  const A scale = A(p.scale);
+  int round = 0;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const int64_t kept = softmax_kept(p, row);
+    const D* x = static_cast<const D*>(p.in) + row * p.in_stride;
+    MaxSum<A> acc = MaxSum<A>::empty();
+    for (int64_t c0 = 0; c0 < kept; c0 += chunk) {
+      auto col = [&](int i) { return c0 + (int64_t(i) * blockDim.x + threadIdx.x) * VEC; };
+      Frag<D, VEC> xf[NV];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (col(i) < kept) load_l1<L1Policy::kNoAllocate, L2Policy::kEvictLast>(xf[i], x + col(i));
+        else xf[i].zero();
+      }
+      A m = neg_inf<A>();
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          if (col(i) + k < kept) m = max_acc(m, A(xf[i].get(k)) * scale);
+      const A base = m == neg_inf<A>() ? A(0) : m;
+      A s = A(0);
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          if (col(i) + k < kept) s += exp_acc(A(xf[i].get(k)) * scale - base);
+      acc.merge(MaxSum<A>{m, s});
+    }
+    const MaxSum<A> r = reduce_max_sum<false>(acc, int(blockDim.x), sh, round++);
+    const A base = r.m == neg_inf<A>() ? A(0) : r.m;  // a row of -inf: S = 0, so y is NaN
+    const A inv = A(1) / r.s, lse = r.m + log_acc(r.s);
+    D* y = static_cast<D*>(p.out) + row * p.out_stride;
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+      auto col = [&](int i) { return c0 + (int64_t(i) * blockDim.x + threadIdx.x) * VEC; };
+      Frag<D, VEC> xf[NV];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (col(i) < kept) load_l1<L1Policy::kNoAllocate, L2Policy::kEvictFirst>(xf[i], x + col(i));
+        else xf[i].zero();
+      }
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t c = col(i);
+        if (c >= n) continue;
+        A o[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A z = A(xf[i].get(k)) * scale;
+          if constexpr (kLog) o[k] = c + k < kept ? z - lse : neg_inf<A>();
+          else o[k] = c + k < kept ? exp_acc(z - base) * inv : A(0);
+        }
+        store_vec(y + c, o);
+      }
+    }
+  }
+}
+
+template <typename T, int VEC, int NV, bool kLog>
+__global__ void FLN_MAX_REGS(kLoopRegs) softmax_bwd_loop_kernel(const SoftmaxParams p) {
+  using A = dacc_t<T>;
+  using D = device_t<T>;
+  __shared__ ReduceSmem<A, 1> sh;
+  RowReducer<A, 1, 2, false> red{sh, int(blockDim.x), 1, 0};
+  const int64_t n = p.cols, chunk = int64_t(blockDim.x) * NV * VEC;
+  const A scale = A(p.scale);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const int64_t kept = softmax_kept(p, row);
+    const D* y = static_cast<const D*>(p.in) + row * p.in_stride;
+    const D* dy = static_cast<const D*>(p.grad) + row * p.grad_stride;
+    A s[1] = {A(0)};
+    for (int64_t c0 = 0; c0 < kept; c0 += chunk) {
+      auto col = [&](int i) { return c0 + (int64_t(i) * blockDim.x + threadIdx.x) * VEC; };
+      Frag<D, VEC> yf[NV], gf[NV];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (col(i) < kept) {
+          if constexpr (!kLog) load_l1<L1Policy::kNoAllocate, L2Policy::kEvictLast>(yf[i], y + col(i));
+          load_l1<L1Policy::kNoAllocate, L2Policy::kEvictLast>(gf[i], dy + col(i));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          if (col(i) + k < kept) s[0] += kLog ? A(gf[i].get(k)) : bwd_term<false>(A(yf[i].get(k)), A(gf[i].get(k)));
+    }
+    red.sum(s);
+    D* dx = static_cast<D*>(p.out) + row * p.out_stride;
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+      auto col = [&](int i) { return c0 + (int64_t(i) * blockDim.x + threadIdx.x) * VEC; };
+      Frag<D, VEC> yf[NV], gf[NV];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (col(i) < kept) {
+          load_l1<L1Policy::kNoAllocate, L2Policy::kEvictFirst>(yf[i], y + col(i));
+          load_l1<L1Policy::kNoAllocate, L2Policy::kEvictFirst>(gf[i], dy + col(i));
+        } else {
+          yf[i].zero();
+          gf[i].zero();
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t c = col(i);
+        if (c >= n) continue;
+        A o[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          o[k] = c + k < kept ? bwd_dx<kLog>(A(yf[i].get(k)), A(gf[i].get(k)), s[0], scale) : A(0);
+        store_vec(dx + c, o);
+      }
+    }
+  }
+}
+
+}  // namespace fln::cuda::softmax_kernels
