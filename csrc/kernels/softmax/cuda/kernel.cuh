@@ -16,8 +16,8 @@
 // which every use tests away (col + k < kept).
 //
 // The forward is one pass over the registers: each thread takes the max m of
-// its z = scale * x and e = exp(z - m), s = sum e; the row's (max, sum) pairs
-// are merged (online softmax), and y = e * exp(m - M) / S.  A row of -inf has
+// its z = scale * x and s = sum exp(z - m); the row's (max, sum) pairs are
+// merged (online softmax), and y = exp(z - M) / S.  A row of -inf has
 // M = -inf and S = 0, so y is NaN, as torch's.
 #pragma once
 #include <cooperative_groups.h>
@@ -34,12 +34,15 @@ enum class Mode { kRow, kCluster };
 
 constexpr int kMaxThreads = 512;  // a CTA; plan.h keeps to it
 constexpr int kMaxCluster = 16;
-// Register caps: the row kernels hold 64 bytes of each input a thread (and the
-// forward its fp32 exponentials); the loop kernels stream, at two CTAs an SM.
-// The log-softmax backward takes 128: the compiler computes every exp(y) of
-// a thread before the row sum arrives, and 16-bit rows spilled at 96.
-constexpr int kRowRegs = 96;
-constexpr int kLogBwdRegs = 128;
+// Register caps: 64 lets two CTAs of 512 threads share an SM, so one's loads
+// overlap the other's reduction (at 96 a row of 512 threads ran alone: bf16
+// 16384 forward at 62% of copy).  The forward takes each exponential twice
+// rather than hold them.  The log-softmax backward of 16-byte accesses spills
+// at 64 and takes 128; double 96.  The loop kernels stream, two CTAs an SM.
+template <typename T>
+constexpr int row_regs(bool log_backward) {
+  return log_backward && sizeof(T) <= 4 ? 128 : sizeof(T) == 8 ? 96 : 64;
+}
 constexpr int kLoopRegs = 64;
 
 struct Layout {
@@ -49,10 +52,10 @@ struct Layout {
 
 __device__ __forceinline__ float exp_acc(float v) { return exp2f(v * 1.4426950408889634f); }
 __device__ __forceinline__ double exp_acc(double v) { return exp(v); }
-__device__ __forceinline__ float log_acc(float v) { return logf(v); }
-__device__ __forceinline__ double log_acc(double v) { return log(v); }
 __device__ __forceinline__ float max_acc(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float fma_acc(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double fma_acc(double a, double b, double c) { return fma(a, b, c); }
 // A product rounded on its own: never contracted with an addition into an FMA.
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
@@ -60,8 +63,30 @@ template <typename A>
 __device__ __forceinline__ A neg_inf() {
   return A(-INFINITY);
 }
+// The forward's exponentials: base 2 for float, z carried as z * log2(e) (an
+// FMA and an ex2 an element; results under 2^-126 flush to 0, which the
+// float sum cannot see); natural for double.
+template <typename A>
+struct Units;
+template <>
+struct Units<float> {
+  static constexpr float kPerNat = 1.4426950408889634f;
+  static constexpr float kNatPer = 0.6931471805599453f;
+  __device__ static __forceinline__ float exp(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+  }
+  __device__ static __forceinline__ float log(float v) { return log2f(v); }
+};
+template <>
+struct Units<double> {
+  static constexpr double kPerNat = 1.0, kNatPer = 1.0;
+  __device__ static __forceinline__ double exp(double v) { return ::exp(v); }
+  __device__ static __forceinline__ double log(double v) { return ::log(v); }
+};
 
-// A slice's (max, sum of exp(z - max)); merged pairwise, the sums rescaled to
+// A slice's (max, sum of exp(z - max)) in Units; merged pairwise, the sums rescaled to
 // the larger max.  Empty slices are (-inf, 0): their exponent offset is taken
 // as 0 so no -inf - -inf is formed.  Merging is symmetric, so both partners
 // of a butterfly hold the same bits: both products are rounded before the
@@ -73,7 +98,7 @@ struct MaxSum {
   __device__ __forceinline__ void merge(const MaxSum& o) {
     const A mx = max_acc(m, o.m);
     const A base = mx == neg_inf<A>() ? A(0) : mx;
-    s = mul_rn(s, exp_acc(m - base)) + mul_rn(o.s, exp_acc(o.m - base));
+    s = mul_rn(s, Units<A>::exp(m - base)) + mul_rn(o.s, Units<A>::exp(o.m - base));
     m = mx;
   }
   __device__ __forceinline__ MaxSum shfl_xor(int off) const {
@@ -162,8 +187,8 @@ __device__ __forceinline__ Place place(const Layout& lay) {
 // ---------------------------------------------------------------------------
 // Forward, a row in registers.
 // ---------------------------------------------------------------------------
-template <typename T, int VEC, int NV, Mode M, bool kLog>
-__global__ void FLN_MAX_REGS(kRowRegs) softmax_fwd_kernel(const SoftmaxParams p, const Layout lay) {
+template <typename T, int VEC, int NV, Mode M, bool kLog, bool kCausal>
+__global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const SoftmaxParams p, const Layout lay) {
   using A = dacc_t<T>;
   using D = device_t<T>;
   constexpr bool kCl = M == Mode::kCluster;
@@ -171,7 +196,7 @@ __global__ void FLN_MAX_REGS(kRowRegs) softmax_fwd_kernel(const SoftmaxParams p,
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
   auto col = [&](int i) { return (int64_t(i) * pl.row_threads + pl.t) * VEC; };
-  const A scale = A(p.scale);
+  const A scale = A(p.scale), su = scale * Units<A>::kPerNat;  // z in Units: x * su
   int round = 0;
   // The loop bound is uniform over the CTA (cluster), so every thread reaches every barrier.
   for (int64_t first = pl.first_row; first < p.rows; first += pl.row_step) {
@@ -185,29 +210,37 @@ __global__ void FLN_MAX_REGS(kRowRegs) softmax_fwd_kernel(const SoftmaxParams p,
       if (col(i) < kept) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], x + col(i));
       else xf[i].zero();
     }
+    // f(k) for each kept element of access i.  Without the mask an access is
+    // whole or past the row (cols is a multiple of VEC), so only causal rows
+    // test elements (the forward is bound by its instructions in 16-bit).
+    auto each_kept = [&](int i, auto&& f) {
+      if constexpr (kCausal) {
+        const int64_t left = kept - col(i);
+        const int valid = left >= VEC ? VEC : left < 0 ? 0 : int(left);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          if (k < valid) f(k);
+      } else if (col(i) < kept) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) f(k);
+      }
+    };
     A m = neg_inf<A>();
 #pragma unroll
-    for (int i = 0; i < NV; ++i)
-#pragma unroll
-      for (int k = 0; k < VEC; ++k)
-        if (col(i) + k < kept) m = max_acc(m, A(xf[i].get(k)) * scale);
+    for (int i = 0; i < NV; ++i) each_kept(i, [&](int k) { m = max_acc(m, A(xf[i].get(k)) * su); });
     const A base = m == neg_inf<A>() ? A(0) : m;
-    A e[kLog ? 1 : NV * VEC];
     A s = A(0);
 #pragma unroll
     for (int i = 0; i < NV; ++i)
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const A v = col(i) + k < kept ? exp_acc(A(xf[i].get(k)) * scale - base) : A(0);
-        s += v;
-        if constexpr (!kLog) e[i * VEC + k] = v;
-      }
+      each_kept(i, [&](int k) { s += Units<A>::exp(fma_acc(A(xf[i].get(k)), su, -base)); });
     const MaxSum<A> r = reduce_max_sum<kCl>(MaxSum<A>{m, s}, lay.threads_per_row, sh, round++);
     if (!live) continue;
-    // softmax: e * exp(m - M) / S (0 where this thread holds no kept column);
-    // log-softmax: z - (M + log S).
-    const A f = kLog ? A(0) : exp_acc(m - r.m) / r.s;
-    const A lse = kLog ? r.m + log_acc(r.s) : A(0);
+    // softmax: exp(z - M) / S, the exponential taken again rather than held
+    // (held, a thread's fp32 copies doubled its registers and halved the CTAs
+    // an SM); log-softmax: z - (M + log S).  Masked columns: 0 (log: -inf).
+    const A row_base = r.m == neg_inf<A>() ? A(0) : r.m;  // a row of -inf: S = 0, so y is NaN
+    const A inv = A(1) / r.s;
+    const A lse = kLog ? (r.m + Units<A>::log(r.s)) * Units<A>::kNatPer : A(0);
     D* y = static_cast<D*>(p.out) + row * p.out_stride;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -215,10 +248,11 @@ __global__ void FLN_MAX_REGS(kRowRegs) softmax_fwd_kernel(const SoftmaxParams p,
       if (c >= n) continue;
       A o[VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        if constexpr (kLog) o[k] = c + k < kept ? A(xf[i].get(k)) * scale - lse : neg_inf<A>();
-        else o[k] = c + k < kept ? e[i * VEC + k] * f : A(0);
-      }
+      for (int k = 0; k < VEC; ++k) o[k] = kLog ? neg_inf<A>() : A(0);
+      each_kept(i, [&](int k) {
+        const A v = A(xf[i].get(k));
+        o[k] = kLog ? fma_acc(v, scale, -lse) : Units<A>::exp(fma_acc(v, su, -row_base)) * inv;
+      });
       store_vec(y + c, o);
     }
   }
@@ -239,7 +273,7 @@ __device__ __forceinline__ A bwd_dx(A y, A dy, A sum, A scale) {
 // Backward, a row of y and dy in registers: one pass.
 // ---------------------------------------------------------------------------
 template <typename T, int VEC, int NV, Mode M, bool kLog>
-__global__ void FLN_MAX_REGS(kLog ? kLogBwdRegs : kRowRegs) softmax_bwd_kernel(const SoftmaxParams p, const Layout lay) {
+__global__ void FLN_MAX_REGS(row_regs<T>(kLog)) softmax_bwd_kernel(const SoftmaxParams p, const Layout lay) {
   using A = dacc_t<T>;
   using D = device_t<T>;
   constexpr bool kCl = M == Mode::kCluster;
@@ -301,7 +335,7 @@ __global__ void FLN_MAX_REGS(kLoopRegs) softmax_fwd_loop_kernel(const SoftmaxPar
   using D = device_t<T>;
   __shared__ MaxSumShared<A> sh;
   const int64_t n = p.cols, chunk = int64_t(blockDim.x) * NV * VEC;
-  const A scale = A(p.scale);
+  const A scale = A(p.scale), su = scale * Units<A>::kPerNat;  // z in Units: x * su
   int round = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t kept = softmax_kept(p, row);
@@ -320,19 +354,19 @@ __global__ void FLN_MAX_REGS(kLoopRegs) softmax_fwd_loop_kernel(const SoftmaxPar
       for (int i = 0; i < NV; ++i)
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
-          if (col(i) + k < kept) m = max_acc(m, A(xf[i].get(k)) * scale);
+          if (col(i) + k < kept) m = max_acc(m, A(xf[i].get(k)) * su);
       const A base = m == neg_inf<A>() ? A(0) : m;
       A s = A(0);
 #pragma unroll
       for (int i = 0; i < NV; ++i)
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
-          if (col(i) + k < kept) s += exp_acc(A(xf[i].get(k)) * scale - base);
+          if (col(i) + k < kept) s += Units<A>::exp(fma_acc(A(xf[i].get(k)), su, -base));
       acc.merge(MaxSum<A>{m, s});
     }
     const MaxSum<A> r = reduce_max_sum<false>(acc, int(blockDim.x), sh, round++);
     const A base = r.m == neg_inf<A>() ? A(0) : r.m;  // a row of -inf: S = 0, so y is NaN
-    const A inv = A(1) / r.s, lse = r.m + log_acc(r.s);
+    const A inv = A(1) / r.s, lse = (r.m + Units<A>::log(r.s)) * Units<A>::kNatPer;
     D* y = static_cast<D*>(p.out) + row * p.out_stride;
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
       auto col = [&](int i) { return c0 + (int64_t(i) * blockDim.x + threadIdx.x) * VEC; };
@@ -349,9 +383,9 @@ __global__ void FLN_MAX_REGS(kLoopRegs) softmax_fwd_loop_kernel(const SoftmaxPar
         A o[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A z = A(xf[i].get(k)) * scale;
-          if constexpr (kLog) o[k] = c + k < kept ? z - lse : neg_inf<A>();
-          else o[k] = c + k < kept ? exp_acc(z - base) * inv : A(0);
+          const A v = A(xf[i].get(k));
+          if constexpr (kLog) o[k] = c + k < kept ? fma_acc(v, scale, -lse) : neg_inf<A>();
+          else o[k] = c + k < kept ? Units<A>::exp(fma_acc(v, su, -base)) * inv : A(0);
         }
         store_vec(y + c, o);
       }

@@ -92,8 +92,13 @@ cudaError_t softmax_fwd(const SoftmaxParams& p, const DeviceInfo& dev, cudaStrea
   return with_tags<T>(pl, p.log, [&](auto vec_tag, auto nv_tag, auto log_tag) {
     constexpr int VEC = decltype(vec_tag)::value, NV = decltype(nv_tag)::value;
     constexpr bool kLog = decltype(log_tag)::value;
-    return run(p, pl, dev, stream, &softmax_fwd_kernel<T, VEC, NV, Mode::kRow, kLog>,
-               &softmax_fwd_kernel<T, VEC, NV, Mode::kCluster, kLog>, &softmax_fwd_loop_kernel<T, VEC, NV, kLog>);
+    auto with_mask = [&](auto causal_tag) {
+      constexpr bool kCausal = decltype(causal_tag)::value;
+      return run(p, pl, dev, stream, &softmax_fwd_kernel<T, VEC, NV, Mode::kRow, kLog, kCausal>,
+                 &softmax_fwd_kernel<T, VEC, NV, Mode::kCluster, kLog, kCausal>,
+                 &softmax_fwd_loop_kernel<T, VEC, NV, kLog>);
+    };
+    return p.causal ? with_mask(std::true_type{}) : with_mask(std::false_type{});
   });
 }
 
