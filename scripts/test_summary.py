@@ -1,4 +1,5 @@
-"""Turns the GPU check's JUnit XML into the test counts stored in the results file."""
+"""Turns the GPU check's JUnit XML (several files, comma-separated, for a suite run in
+parts) into the test counts stored in the results file."""
 import json
 import sys
 import xml.etree.ElementTree as ET
@@ -8,8 +9,8 @@ def main(junit_path: str, ctest: str, sanitizer_rc: str) -> None:
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     skipped = {}
     try:
-        root = ET.parse(junit_path).getroot()
-        for case in root.iter("testcase"):
+        cases = [c for path in junit_path.split(",") for c in ET.parse(path).getroot().iter("testcase")]
+        for case in cases:
             if case.find("failure") is not None:
                 counts["failed"] += 1
             elif case.find("error") is not None:
