@@ -9,9 +9,12 @@ import torch
 import torch.nn.functional as F
 
 ALL_PEERS = ("ours", "torch", "compile", "apex", "liger", "quack", "flash", "te")
+# Run only when named: ours through the fused family (the add_norm op without a residual),
+# the plain ops' candidate replacement (docs/design.md, "Migration").  Not a peer in the summary.
+OPT_IN_PEERS = ("ours_fused",)
 ALIASES = {"liger_kernel": "liger", "transformer_engine": "te", "fused_layernorm": "ours",
            "eager": "torch", "inductor": "compile", "flash_attn": "flash"}
-CPU_PEERS = ("ours", "torch")
+CPU_PEERS = ("ours", "ours_fused", "torch")
 
 
 @dataclass
@@ -70,6 +73,18 @@ def _module(make) -> Callable:
 def _ours() -> Peer:
     from fused_layernorm.functional import fused_layer_norm, fused_rms_norm
     return Peer("ours", _functional(fused_layer_norm, fused_rms_norm), directions=_BOTH)
+
+
+def _ours_fused() -> Peer:
+    op = torch.ops.fused_layernorm.add_norm.default  # (x, residual, shape, w, b, eps, rms, p, offset, ...)
+
+    def ln(x, w, b, eps):
+        return op(x, None, [x.shape[-1]], w, b, eps, False, 0.0, 0.0, None, False, False, None)[0]
+
+    def rms(x, w, eps):
+        return op(x, None, [x.shape[-1]], w, None, eps, True, 0.0, 0.0, None, False, False, None)[0]
+    import fused_layernorm  # noqa: F401  (registers the ops)
+    return Peer("ours_fused", _functional(ln, rms), directions=_BOTH)
 
 
 def _torch_ln(x, w, b, eps):
@@ -167,8 +182,8 @@ def normalize_names(names: Sequence[str]) -> List[str]:
     out = []
     for n in names:
         n = ALIASES.get(n.strip().lower(), n.strip().lower())
-        if n not in ALL_PEERS:
-            raise ValueError(f"unknown peer {n!r}; choose from {', '.join(ALL_PEERS)}")
+        if n not in ALL_PEERS + OPT_IN_PEERS:
+            raise ValueError(f"unknown peer {n!r}; choose from {', '.join(ALL_PEERS + OPT_IN_PEERS)}")
         if n not in out:
             out.append(n)
     return out
@@ -177,7 +192,7 @@ def normalize_names(names: Sequence[str]) -> List[str]:
 def load_peers(names: Sequence[str], device: str, compile_dtypes: Sequence[str]
                ) -> Tuple[List[Peer], Dict[str, str], Dict[str, str]]:
     """Returns (available peers in `names` order, {name: import error}, {name: why skipped})."""
-    loaders = {"ours": _ours, "torch": _torch, "compile": lambda: _compile(compile_dtypes),
+    loaders = {"ours": _ours, "ours_fused": _ours_fused, "torch": _torch, "compile": lambda: _compile(compile_dtypes),
                "apex": _apex, "liger": _liger, "quack": _quack, "flash": _flash, "te": _te}
     peers, missing, skipped = [], {}, {}
     for name in names:

@@ -52,6 +52,8 @@ def summarize(rows: List[dict]) -> List[dict]:
                                       ours=None, best_peer=None, best_pct=None))
         if r["peer"] == "ours":
             e["ours"] = r["pct_copy"]
+        elif r["peer"].startswith("ours_"):
+            continue  # ours by another path: not a peer
         elif e["best_pct"] is None or r["pct_copy"] > e["best_pct"]:
             e["best_peer"], e["best_pct"] = r["peer"], r["pct_copy"]
     return [best[k] for k in sorted(best)]

@@ -138,3 +138,24 @@ def test_op_bench_peer_cells(tmp_path):
     pytest.importorskip("matplotlib")
     assert opbench.plot_panels(run.rows, tmp_path / "p.png", "t", ("dtype", "direction"), "head_dim",
                                ["ours"]).exists()
+
+
+def test_ours_fused_is_opt_in_and_not_a_peer(monkeypatch, tmp_path):
+    """--peers ours_fused measures the plain cells through the fused family (add_norm without a
+    residual); it verifies like any peer, is not in the default set, and the summary's best
+    peer is never ours by another path."""
+    from fused_layernorm.bench import peers as peers_mod
+    from fused_layernorm.bench.report import summarize
+
+    assert "ours_fused" not in peers_mod.ALL_PEERS
+    assert peers_mod.normalize_names(["ours_fused", "ours"]) == ["ours_fused", "ours"]
+    monkeypatch.setenv("FLN_GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("FLN_GIT_DIRTY", "0")
+    res = tmp_path / "r.json"
+    assert main(["--cpu", "--hidden", "96", "--dtypes", "fp32", "--ops", "layernorm,rmsnorm", "--directions", "fwd,bwd",
+                 "--peers", "ours,ours_fused,torch", "--reps", "1", "--rounds", "1", "--warmup", "0",
+                 "--no-small", "--no-e2e", "--out", str(tmp_path / "o"), "--results", str(res)]) == 0
+    import json
+    rows = json.loads(res.read_text())["rows"]
+    assert {(r["peer"], r["status"]) for r in rows} == {("ours", "ok"), ("ours_fused", "ok"), ("torch", "ok")}
+    assert {e["best_peer"] for e in summarize(rows)} == {"torch"}
