@@ -13,7 +13,8 @@
 # the rotary benchmark, <date>-<gpu>-rope.json and .png, ROPE_ARGS to narrow it;
 # softmax: the softmax benchmark, <date>-<gpu>-softmax.json and .png, SOFTMAX_ARGS).  On a
 # machine that holds a call to ten minutes, run them as separate calls on the
-# same machine: `STAGES=tests make gpu-check`, then `STAGES=bench ...`, then
+# same machine: `STAGES=tests TEST_PART=1 make gpu-check`, then `TEST_PART=2`
+# (the suite no longer fits one call), then `STAGES=bench ...`, then
 # `STAGES=fused ...` (FUSED_ARGS narrows it, e.g. "--hidden 1024,4096").
 # The tests stage leaves its summary in /tmp/fln_test_summary.json for the
 # bench stage, which refuses to write a results file without one for the
@@ -57,24 +58,54 @@ MAX_JOBS=${MAX_JOBS:-16} $PY setup.py build_ext --inplace >"$LOG/build.log" 2>&1
 tail -3 "$LOG/build.log"
 
 if has_stage tests; then
+  # TEST_PART=1 and then TEST_PART=2 (same machine, same commit) split the suite over
+  # two calls of ten minutes: part 1 the C++ tests and the files of PART1_FILES, part 2
+  # the other files, the slow tests, memcheck and the summary of both parts.
+  PART=${TEST_PART:-all}
+  PART1_FILES="tests/python/test_cuda_only.py tests/python/test_softmax.py tests/python/test_rope.py
+    tests/python/test_patch.py tests/python/test_distributed.py"
+  case $PART in
+    all) SELECT="tests/python" ;;
+    1) SELECT="$PART1_FILES" ;;
+    2) SELECT="tests/python $(for f in $PART1_FILES; do printf -- '--ignore=%s ' "$f"; done)" ;;
+    *) echo "gpu-check: TEST_PART must be 1, 2 or all, got '$PART'" >&2; exit 2 ;;
+  esac
   rm -f "$SUMMARY" "$SUMMARY.commit"
-  echo "== C++ tests"
-  ctest_summary="not run"
-  if cmake -S . -B build-cpp -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-cpp -j 8 >/dev/null; then
-    ctest --test-dir build-cpp >/tmp/fln_ctest.log 2>&1 || status=1
-    ctest_summary=$(grep "tests passed" /tmp/fln_ctest.log || echo "ctest failed")
+  if [ "$PART" = 2 ]; then
+    if [ "$(cat /tmp/fln_part1.commit 2>/dev/null)" != "$COMMIT" ]; then
+      echo "gpu-check: no part 1 for $COMMIT on this machine; run TEST_PART=1 first" >&2
+      exit 1
+    fi
+    ctest_summary=$(cat /tmp/fln_part1.ctest)
   else
-    ctest_summary="C++ build failed"; status=1
+    rm -f /tmp/fln_part1.commit
+    echo "== C++ tests"
+    ctest_summary="not run"
+    if cmake -S . -B build-cpp -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-cpp -j 8 >/dev/null; then
+      ctest --test-dir build-cpp >/tmp/fln_ctest.log 2>&1 || status=1
+      ctest_summary=$(grep "tests passed" /tmp/fln_ctest.log || echo "ctest failed")
+    else
+      ctest_summary="C++ build failed"; status=1
+    fi
+    echo "$ctest_summary"
   fi
-  echo "$ctest_summary"
 
-  echo "== Python tests (CPU and CUDA)"
+  echo "== Python tests (CPU and CUDA), part $PART"
   XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 8"   # parallel workers share the GPU
-  $PY -m pytest tests/python $XDIST -m "not slow" -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit.xml $* 2>&1 | tee "$LOG/pytest.log" | tail -40
+  # shellcheck disable=SC2086  # SELECT is a list of paths and options
+  $PY -m pytest $SELECT $XDIST -m "not slow" -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit_$PART.xml $* 2>&1 \
+    | tee "$LOG/pytest_$PART.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  if [ "$PART" = 1 ]; then
+    echo "$ctest_summary" >/tmp/fln_part1.ctest
+    [ $status = 0 ] && echo "$COMMIT" >/tmp/fln_part1.commit  # part 2 then adds its counts to these
+    echo "gpu-check: part 1 status $status; run TEST_PART=2 next on this machine"
+    exit $status
+  fi
   # The slow tests take several GB each (64-bit offsets): one at a time, after the
   # parallel run (in parallel they ran the GPU out of memory, theirs and others').
-  $PY -m pytest tests/python -m slow -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit_slow.xml $* 2>&1 | tee -a "$LOG/pytest.log" | tail -5
+  $PY -m pytest tests/python -m slow -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit_slow.xml $* 2>&1 \
+    | tee -a "$LOG/pytest_$PART.log" | tail -5
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
   echo "== compute-sanitizer memcheck (tests marked sanitize)"
@@ -86,7 +117,9 @@ if has_stage tests; then
     echo "compute-sanitizer not found"; rc=-1; status=1
   fi
 
-  $PY scripts/test_summary.py /tmp/fln_junit.xml,/tmp/fln_junit_slow.xml "$ctest_summary" $rc >"$SUMMARY"
+  junit=/tmp/fln_junit_$PART.xml,/tmp/fln_junit_slow.xml
+  [ "$PART" = 2 ] && junit=/tmp/fln_junit_1.xml,$junit
+  $PY scripts/test_summary.py "$junit" "$ctest_summary" $rc >"$SUMMARY"
   echo "$COMMIT" >"$SUMMARY.commit"
   cp "$SUMMARY" "$LOG/test_summary.json"
   cat "$SUMMARY"
