@@ -73,7 +73,7 @@ if has_stage tests; then
   rm -f "$SUMMARY" "$SUMMARY.commit"
   if [ "$PART" = 2 ]; then
     if [ "$(cat /tmp/fln_part1.commit 2>/dev/null)" != "$COMMIT" ]; then
-      echo "gpu-check: no part 1 for $COMMIT on this machine; run TEST_PART=1 first" >&2
+      echo "gpu-check: no part 1 that passed for $COMMIT on this machine; run TEST_PART=1 first" >&2
       exit 1
     fi
     ctest_summary=$(cat /tmp/fln_part1.ctest)
@@ -92,6 +92,7 @@ if has_stage tests; then
 
   echo "== Python tests (CPU and CUDA), part $PART"
   XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 8"   # parallel workers share the GPU
+  rm -f /tmp/fln_junit_$PART.xml /tmp/fln_junit_slow.xml  # a run that writes none must not count an old one
   # shellcheck disable=SC2086  # SELECT is a list of paths and options
   $PY -m pytest $SELECT $XDIST -m "not slow" -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit_$PART.xml $* 2>&1 \
     | tee "$LOG/pytest_$PART.log" | tail -40
@@ -106,7 +107,7 @@ if has_stage tests; then
   # parallel run (in parallel they ran the GPU out of memory, theirs and others').
   $PY -m pytest tests/python -m slow -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit_slow.xml $* 2>&1 \
     | tee -a "$LOG/pytest_$PART.log" | tail -5
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  case "${PIPESTATUS[0]}" in 0|5) ;; *) status=1 ;; esac  # 5: a filter in $* left no slow test
 
   echo "== compute-sanitizer memcheck (tests marked sanitize)"
   if command -v compute-sanitizer >/dev/null; then

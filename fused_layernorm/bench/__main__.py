@@ -149,8 +149,8 @@ def main(argv=None) -> int:
     report.print_legend()
 
     failures = [r for r in rows + small_rows if r["peer"].split("_")[0] == "ours" and r["status"] != "ok"]
-    if "ours" in unavailable:
-        failures.append({"peer": "ours", "status": "ERROR", "note": unavailable["ours"]})
+    failures += [{"peer": name, "status": "ERROR", "note": why} for name, why in unavailable.items()
+                 if name.split("_")[0] == "ours"]
     elapsed = time.perf_counter() - t_start
     compile_s = plan.verify_s.get("compile", 0.0)
     doc = dict(

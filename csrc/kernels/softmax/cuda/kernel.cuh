@@ -63,30 +63,21 @@ template <typename A>
 __device__ __forceinline__ A neg_inf() {
   return A(-INFINITY);
 }
-// The forward's exponentials: base 2 for float, z carried as z * log2(e) (an
-// FMA and an ex2 an element; results under 2^-126 flush to 0, which the
-// float sum cannot see); natural for double.
-template <typename A>
-struct Units;
-template <>
-struct Units<float> {
-  static constexpr float kPerNat = 1.4426950408889634f;
-  static constexpr float kNatPer = 0.6931471805599453f;
-  __device__ static __forceinline__ float exp(float v) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-  }
-  __device__ static __forceinline__ float log(float v) { return log2f(v); }
-};
-template <>
-struct Units<double> {
-  static constexpr double kPerNat = 1.0, kNatPer = 1.0;
-  __device__ static __forceinline__ double exp(double v) { return ::exp(v); }
-  __device__ static __forceinline__ double log(double v) { return ::log(v); }
-};
+// The forward's exponential of z - m (<= 0): fp32 as ex2.approx.ftz of
+// (z - m) log2(e), one FMUL and one MUFU (results under 2^-126 flush to 0,
+// which the float sum cannot see); double as exp.  z - m is formed first, in
+// one FMA from x: folding log2(e) into the scale would overflow for
+// |scale x| > 2.4e38 and make log-softmax's z - lse lose digits.
+__device__ __forceinline__ float fwd_exp(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
+  return r;
+}
+__device__ __forceinline__ double fwd_exp(double v) { return exp(v); }
+__device__ __forceinline__ float log_acc(float v) { return logf(v); }
+__device__ __forceinline__ double log_acc(double v) { return log(v); }
 
-// A slice's (max, sum of exp(z - max)) in Units; merged pairwise, the sums rescaled to
+// A slice's (max, sum of exp(z - max)); merged pairwise, the sums rescaled to
 // the larger max.  Empty slices are (-inf, 0): their exponent offset is taken
 // as 0 so no -inf - -inf is formed.  Merging is symmetric, so both partners
 // of a butterfly hold the same bits: both products are rounded before the
@@ -98,7 +89,7 @@ struct MaxSum {
   __device__ __forceinline__ void merge(const MaxSum& o) {
     const A mx = max_acc(m, o.m);
     const A base = mx == neg_inf<A>() ? A(0) : mx;
-    s = mul_rn(s, Units<A>::exp(m - base)) + mul_rn(o.s, Units<A>::exp(o.m - base));
+    s = mul_rn(s, fwd_exp(m - base)) + mul_rn(o.s, fwd_exp(o.m - base));
     m = mx;
   }
   __device__ __forceinline__ MaxSum shfl_xor(int off) const {
@@ -196,7 +187,7 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
   auto col = [&](int i) { return (int64_t(i) * pl.row_threads + pl.t) * VEC; };
-  const A scale = A(p.scale), su = scale * Units<A>::kPerNat;  // z in Units: x * su
+  const A scale = A(p.scale);
   int round = 0;
   // The loop bound is uniform over the CTA (cluster), so every thread reaches every barrier.
   for (int64_t first = pl.first_row; first < p.rows; first += pl.row_step) {
@@ -227,12 +218,12 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
     };
     A m = neg_inf<A>();
 #pragma unroll
-    for (int i = 0; i < NV; ++i) each_kept(i, [&](int k) { m = max_acc(m, A(xf[i].get(k)) * su); });
+    for (int i = 0; i < NV; ++i) each_kept(i, [&](int k) { m = max_acc(m, A(xf[i].get(k)) * scale); });
     const A base = m == neg_inf<A>() ? A(0) : m;
     A s = A(0);
 #pragma unroll
     for (int i = 0; i < NV; ++i)
-      each_kept(i, [&](int k) { s += Units<A>::exp(fma_acc(A(xf[i].get(k)), su, -base)); });
+      each_kept(i, [&](int k) { s += fwd_exp(fma_acc(A(xf[i].get(k)), scale, -base)); });
     const MaxSum<A> r = reduce_max_sum<kCl>(MaxSum<A>{m, s}, lay.threads_per_row, sh, round++);
     if (!live) continue;
     // softmax: exp(z - M) / S, the exponential taken again rather than held
@@ -240,7 +231,7 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
     // an SM); log-softmax: z - (M + log S).  Masked columns: 0 (log: -inf).
     const A row_base = r.m == neg_inf<A>() ? A(0) : r.m;  // a row of -inf: S = 0, so y is NaN
     const A inv = A(1) / r.s;
-    const A lse = kLog ? (r.m + Units<A>::log(r.s)) * Units<A>::kNatPer : A(0);
+    const A log_s = kLog ? log_acc(r.s) : A(0);
     D* y = static_cast<D*>(p.out) + row * p.out_stride;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -251,7 +242,8 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
       for (int k = 0; k < VEC; ++k) o[k] = kLog ? neg_inf<A>() : A(0);
       each_kept(i, [&](int k) {
         const A v = A(xf[i].get(k));
-        o[k] = kLog ? fma_acc(v, scale, -lse) : Units<A>::exp(fma_acc(v, su, -row_base)) * inv;
+        const A d = fma_acc(v, scale, -row_base);  // z - M
+        o[k] = kLog ? d - log_s : fwd_exp(d) * inv;
       });
       store_vec(y + c, o);
     }
@@ -335,7 +327,7 @@ __global__ void FLN_MAX_REGS(kLoopRegs) softmax_fwd_loop_kernel(const SoftmaxPar
   using D = device_t<T>;
   __shared__ MaxSumShared<A> sh;
   const int64_t n = p.cols, chunk = int64_t(blockDim.x) * NV * VEC;
-  const A scale = A(p.scale), su = scale * Units<A>::kPerNat;  // z in Units: x * su
+  const A scale = A(p.scale);
   int round = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t kept = softmax_kept(p, row);
@@ -354,19 +346,19 @@ __global__ void FLN_MAX_REGS(kLoopRegs) softmax_fwd_loop_kernel(const SoftmaxPar
       for (int i = 0; i < NV; ++i)
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
-          if (col(i) + k < kept) m = max_acc(m, A(xf[i].get(k)) * su);
+          if (col(i) + k < kept) m = max_acc(m, A(xf[i].get(k)) * scale);
       const A base = m == neg_inf<A>() ? A(0) : m;
       A s = A(0);
 #pragma unroll
       for (int i = 0; i < NV; ++i)
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
-          if (col(i) + k < kept) s += Units<A>::exp(fma_acc(A(xf[i].get(k)), su, -base));
+          if (col(i) + k < kept) s += fwd_exp(fma_acc(A(xf[i].get(k)), scale, -base));
       acc.merge(MaxSum<A>{m, s});
     }
     const MaxSum<A> r = reduce_max_sum<false>(acc, int(blockDim.x), sh, round++);
     const A base = r.m == neg_inf<A>() ? A(0) : r.m;  // a row of -inf: S = 0, so y is NaN
-    const A inv = A(1) / r.s, lse = (r.m + Units<A>::log(r.s)) * Units<A>::kNatPer;
+    const A inv = A(1) / r.s, log_s = log_acc(r.s);
     D* y = static_cast<D*>(p.out) + row * p.out_stride;
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
       auto col = [&](int i) { return c0 + (int64_t(i) * blockDim.x + threadIdx.x) * VEC; };
@@ -383,9 +375,9 @@ __global__ void FLN_MAX_REGS(kLoopRegs) softmax_fwd_loop_kernel(const SoftmaxPar
         A o[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A v = A(xf[i].get(k));
-          if constexpr (kLog) o[k] = c + k < kept ? fma_acc(v, scale, -lse) : neg_inf<A>();
-          else o[k] = c + k < kept ? Units<A>::exp(fma_acc(v, su, -base)) * inv : A(0);
+          const A d = fma_acc(A(xf[i].get(k)), scale, -base);  // z - M
+          if constexpr (kLog) o[k] = c + k < kept ? d - log_s : neg_inf<A>();
+          else o[k] = c + k < kept ? fwd_exp(d) * inv : A(0);
         }
         store_vec(y + c, o);
       }
