@@ -76,6 +76,11 @@ void cpu_bwd(const BwdParams& p, at::ScalarType xt, at::ScalarType wt, const Ten
 
 const char* cpu_kernels_isa() { return kernels().isa; }
 
+void cpu_softmax(const SoftmaxParams& p, at::ScalarType t) {
+  advise_huge_pages(p.out, p.rows * p.out_stride * int64_t(c10::elementSize(t)));
+  kernels().softmax(p, t);
+}
+
 const Backend kCpuBackend{&cpu_fwd, &cpu_bwd};
 
 }  // namespace fln::glue

@@ -1,5 +1,6 @@
 // The CPU kernels' entry points, one set per instruction set.  Each set is
-// the same source (cpu_kernels_impl.h over csrc/kernels/cpu/norm_cpu.h)
+// the same source (cpu_kernels_impl.h over csrc/kernels/cpu/norm_cpu.h and
+// csrc/kernels/softmax/cpu.h)
 // compiled in its own file under a target pragma and its own namespace;
 // cpu_backend.cpp picks the best set the CPU supports, once.
 #pragma once
@@ -10,11 +11,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
 #include "../kernels/dtypes.h"
 #include "../kernels/params.h"
+#include "../kernels/softmax/params.h"
 #include "dispatch.h"
 
 namespace fln::glue {
@@ -23,6 +26,7 @@ struct CpuKernels {
   const char* isa;
   void (*fwd)(const FwdParams& p, at::ScalarType xt, at::ScalarType wt);
   void (*bwd)(const BwdParams& p, at::ScalarType xt, at::ScalarType wt);
+  void (*softmax)(const SoftmaxParams& p, at::ScalarType t);
 };
 
 // Null where this build has no such set (another architecture, or a compiler
@@ -33,5 +37,7 @@ extern const CpuKernels* const kCpuKernelsAvx512;
 
 // The set the CPU backend runs ("base", "avx2" or "avx512").
 const char* cpu_kernels_isa();
+// The softmax CPU kernel of that set (the output's pages advised huge, as the norms').
+void cpu_softmax(const SoftmaxParams& p, at::ScalarType t);
 
 }  // namespace fln::glue

@@ -18,7 +18,7 @@
 #endif
 
 namespace fln::glue {
-static const CpuKernels kKernels{"avx2", &avx2::fwd, &avx2::bwd};
+static const CpuKernels kKernels{"avx2", &avx2::fwd, &avx2::bwd, &avx2::softmax};
 const CpuKernels* const kCpuKernelsAvx2 = &kKernels;
 }  // namespace fln::glue
 #else

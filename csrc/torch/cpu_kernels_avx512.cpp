@@ -18,7 +18,7 @@
 #endif
 
 namespace fln::glue {
-static const CpuKernels kKernels{"avx512", &avx512::fwd, &avx512::bwd};
+static const CpuKernels kKernels{"avx512", &avx512::fwd, &avx512::bwd, &avx512::softmax};
 const CpuKernels* const kCpuKernelsAvx512 = &kKernels;
 }  // namespace fln::glue
 #else

@@ -5,6 +5,6 @@
 #include "cpu_kernels_impl.h"
 
 namespace fln::glue {
-static const CpuKernels kKernels{"base", &base::fwd, &base::bwd};
+static const CpuKernels kKernels{"base", &base::fwd, &base::bwd, &base::softmax};
 const CpuKernels* const kCpuKernelsBase = &kKernels;
 }  // namespace fln::glue

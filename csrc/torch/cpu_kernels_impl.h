@@ -2,6 +2,7 @@
 // file, after every library header, with FLN_CPU_ISA set and, for the x86
 // sets, inside a target pragma: only the code below is compiled for that set.
 #include "../kernels/cpu/norm_cpu.h"
+#include "../kernels/softmax/cpu.h"
 
 namespace fln::glue::FLN_CPU_ISA {
 
@@ -17,6 +18,14 @@ static void fwd(const FwdParams& p, at::ScalarType xt, at::ScalarType wt) {
     using T = typename decltype(t)::type;
     using W = typename decltype(w)::type;
     fln::cpu::norm_fwd<T, W>(p, parallel_rows(p.cols));
+  });
+}
+
+// Softmax rows a task: about 32K elements.
+static void softmax(const SoftmaxParams& p, at::ScalarType t) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, p.cols));
+  dispatch_norm_types(t, t, [&](auto tt, auto) {
+    fln::cpu::softmax<typename decltype(tt)::type>(p, [grain](int64_t n, auto&& fn) { at::parallel_for(0, n, grain, fn); });
   });
 }
 

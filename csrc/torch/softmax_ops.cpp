@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <string>
 
-#include "../kernels/softmax/cpu.h"
+#include "cpu_kernels.h"
 #include "dispatch.h"
 #include "rows.h"
 
@@ -118,17 +118,11 @@ Tensor softmax_bwd_meta(const Tensor& output, const Tensor& grad_output, bool, d
 // ---------------------------------------------------------------------------
 namespace {
 
-void cpu_softmax(const SoftmaxParams& p, at::ScalarType t, const Tensor&) {
-  // Rows a task: about 32K elements.
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, p.cols));
-  dispatch_norm_types(t, t, [&](auto tt, auto) {
-    fln::cpu::softmax<typename decltype(tt)::type>(
-        p, [grain](int64_t n, auto&& fn) { at::parallel_for(0, n, grain, fn); });
-  });
-}
+// The instruction set's build of csrc/kernels/softmax/cpu.h (cpu_kernels.h).
+void run_cpu_softmax(const SoftmaxParams& p, at::ScalarType t, const Tensor&) { cpu_softmax(p, t); }
 
 }  // namespace
 
-const SoftmaxBackend kCpuSoftmax{&cpu_softmax};
+const SoftmaxBackend kCpuSoftmax{&run_cpu_softmax};
 
 }  // namespace fln::glue

@@ -4,6 +4,7 @@
 // invariants.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -121,6 +122,22 @@ TEST(SoftmaxCpu, FloatAgainstDouble) { run_all<float>(1e-5, 1e-44); }
 TEST(SoftmaxCpu, DoubleAgainstDouble) { run_all<double>(1e-12, 1e-300); }
 TEST(SoftmaxCpu, BFloat16AgainstDouble) { run_all<fln::BFloat16>(1.0 / 128, 1e-40); }  // one rounding to bf16
 TEST(SoftmaxCpu, HalfAgainstDouble) { run_all<fln::Half>(1.0 / 1024, 6e-8); }
+
+// The vectorizable exponential of the CPU forward, over its whole domain (v <= 0).
+TEST(SoftmaxCpu, ExpNonpositive) {
+  using fln::cpu::softmax_detail::exp_nonpositive;
+  double worst = 0;
+  for (int i = 0; i <= 200000; ++i) {
+    const float v = -87.f * float(i) / 200000;  // past -87.3 it flushes to 0 (e^v < 1.3e-38)
+    const double ref = std::exp(double(v));
+    worst = std::max(worst, std::fabs(exp_nonpositive(v) - ref) / ref);
+  }
+  EXPECT_LT(worst, 3e-7);  // about 2 ulp of float
+  EXPECT_EQ(exp_nonpositive(0.f), 1.f);
+  EXPECT_EQ(exp_nonpositive(-100.f), 0.f);
+  EXPECT_EQ(exp_nonpositive(-std::numeric_limits<float>::infinity()), 0.f);
+  EXPECT_TRUE(std::isnan(exp_nonpositive(std::numeric_limits<float>::quiet_NaN())));
+}
 
 TEST(SoftmaxCpu, RowOfMinusInfinityIsNaN) {
   const float inf = std::numeric_limits<float>::infinity();
