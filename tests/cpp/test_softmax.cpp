@@ -123,20 +123,24 @@ TEST(SoftmaxCpu, DoubleAgainstDouble) { run_all<double>(1e-12, 1e-300); }
 TEST(SoftmaxCpu, BFloat16AgainstDouble) { run_all<fln::BFloat16>(1.0 / 128, 1e-40); }  // one rounding to bf16
 TEST(SoftmaxCpu, HalfAgainstDouble) { run_all<fln::Half>(1.0 / 1024, 6e-8); }
 
-// The vectorizable exponential of the CPU forward, over its whole domain (v <= 0).
-TEST(SoftmaxCpu, ExpNonpositive) {
-  using fln::cpu::softmax_detail::exp_nonpositive;
+// The vectorizable exponential of the CPU kernels, over its whole domain.
+TEST(SoftmaxCpu, ExpApprox) {
+  using fln::cpu::softmax_detail::exp_approx;
   double worst = 0;
-  for (int i = 0; i <= 200000; ++i) {
-    const float v = -87.f * float(i) / 200000;  // past -87.3 it flushes to 0 (e^v < 1.3e-38)
+  for (int i = 0; i <= 400000; ++i) {
+    const float v = -87.f + 175.7f * float(i) / 400000;  // -87 .. 88.7: past them 0 and infinity
     const double ref = std::exp(double(v));
-    worst = std::max(worst, std::fabs(exp_nonpositive(v) - ref) / ref);
+    worst = std::max(worst, std::fabs(exp_approx(v) - ref) / ref);
   }
   EXPECT_LT(worst, 3e-7);  // about 2 ulp of float
-  EXPECT_EQ(exp_nonpositive(0.f), 1.f);
-  EXPECT_EQ(exp_nonpositive(-100.f), 0.f);
-  EXPECT_EQ(exp_nonpositive(-std::numeric_limits<float>::infinity()), 0.f);
-  EXPECT_TRUE(std::isnan(exp_nonpositive(std::numeric_limits<float>::quiet_NaN())));
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(exp_approx(0.f), 1.f);
+  EXPECT_EQ(exp_approx(-100.f), 0.f);
+  EXPECT_EQ(exp_approx(-inf), 0.f);
+  EXPECT_EQ(exp_approx(89.f), inf);
+  EXPECT_EQ(exp_approx(inf), inf);
+  EXPECT_TRUE(std::isfinite(exp_approx(88.7f)));
+  EXPECT_TRUE(std::isnan(exp_approx(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(SoftmaxCpu, RowOfMinusInfinityIsNaN) {

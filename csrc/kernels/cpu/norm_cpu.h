@@ -41,16 +41,21 @@ inline namespace FLN_CPU_ISA {
 template <typename A>
 inline constexpr int kLanes = 64 / int(sizeof(A)) * 2;
 
-// Pairwise sum of the lanes, written as fresh halves so that the compiler
-// keeps them in registers (an in-place tree spills them to the stack).
-template <typename A, int L>
-inline A reduce_lanes(const A (&s)[L]) {
+// Pairwise reduction of the lanes (a sum unless `op` says otherwise), written
+// as fresh halves so that the compiler keeps them in registers (an in-place
+// tree spills them to the stack).
+struct Plus {
+  template <typename A>
+  A operator()(A a, A b) const { return a + b; }
+};
+template <typename A, int L, typename Op = Plus>
+inline A reduce_lanes(const A (&s)[L], Op op = {}) {
   if constexpr (L == 1) {
     return s[0];
   } else {
     A t[L / 2];
-    for (int k = 0; k < L / 2; ++k) t[k] = s[k] + s[k + L / 2];
-    return reduce_lanes<A, L / 2>(t);
+    for (int k = 0; k < L / 2; ++k) t[k] = op(s[k], s[k + L / 2]);
+    return reduce_lanes<A, L / 2>(t, op);
   }
 }
 
