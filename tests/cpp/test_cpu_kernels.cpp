@@ -190,6 +190,58 @@ TEST(Dtypes, HalfRoundTripsEveryValue) {
   }
 }
 
+// The branch-free conversions against a plain reference: the value of each
+// half, and round-to-nearest-even of floats on both sides of every half's
+// rounding boundary, plus a sweep of all float bit patterns.
+namespace {
+double half_value(uint16_t b) {
+  const int exp = (b >> 10) & 0x1f, mant = b & 0x3ff;
+  const double sign = (b & 0x8000) ? -1 : 1;
+  if (exp == 31) return mant ? std::nan("") : sign * INFINITY;
+  return sign * (exp == 0 ? std::ldexp(mant, -24) : std::ldexp(1024 + mant, exp - 25));
+}
+uint16_t half_rne(float f) {  // nearest half by search over magnitudes, ties to even
+  if (std::isnan(f)) return uint16_t((std::signbit(f) ? 0x8000 : 0) | 0x7e00);
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  const double a = std::fabs(double(f));
+  if (a >= 65520.0) return sign | 0x7c00;  // 65504 + half an ulp rounds to infinity
+  uint16_t lo = 0, hi = 0x7bff;
+  while (lo < hi) {  // the largest half <= a
+    const uint16_t mid = uint16_t((lo + hi + 1) / 2);
+    if (half_value(mid) <= a) lo = mid; else hi = uint16_t(mid - 1);
+  }
+  if (half_value(lo) == a) return sign | lo;
+  const double below = a - half_value(lo), above = half_value(uint16_t(lo + 1)) - a;
+  const bool up = above < below || (above == below && (lo & 1));
+  return sign | uint16_t(up ? lo + 1 : lo);
+}
+}  // namespace
+
+TEST(Dtypes, HalfToFloatIsExact) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const double want = half_value(uint16_t(b));
+    const float got = to_float(Half{uint16_t(b)});
+    if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << b;
+    else EXPECT_EQ(double(got), want) << b;
+    if (want == 0) EXPECT_EQ(std::signbit(got), bool(b & 0x8000)) << b;
+  }
+}
+
+TEST(Dtypes, FloatToHalfRoundsLikeTheReference) {
+  auto check = [](float f) { EXPECT_EQ(half_from_float(f).bits, half_rne(f)) << f << " bits " << float_to_bits(f); };
+  for (uint32_t b = 0; b < 0x7c00; ++b) {  // around each boundary between neighbouring halves
+    const double mid = (half_value(uint16_t(b)) + half_value(uint16_t(b + 1))) / 2;
+    const float m = float(mid);  // exact: a half has 11 significant bits
+    for (float f : {m, std::nextafter(m, 0.f), std::nextafter(m, INFINITY), float(half_value(uint16_t(b)))}) {
+      check(f);
+      check(-f);
+    }
+  }
+  for (uint64_t b = 0; b < (uint64_t(1) << 32); b += 65521) check(bits_to_float(uint32_t(b)));
+  for (float f : {0.f, -0.f, 1e-30f, 1e-45f, 65504.f, 65519.99f, 65520.f, 1e10f, INFINITY, -INFINITY, NAN})
+    check(f);
+}
+
 TEST(Dtypes, HalfRoundsToNearestEven) {
   EXPECT_EQ(half_from_float(1.0f + 1.0f / 2048).bits, 0x3c00);      // tie -> even (down)
   EXPECT_EQ(half_from_float(1.0f + 3.0f / 2048).bits, 0x3c02);      // tie -> even (up)

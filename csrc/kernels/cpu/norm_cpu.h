@@ -90,46 +90,13 @@ inline void lane_sum2(int64_t n, F&& f, G&& g, A& sf, A& sg) {
   sg = reduce_lanes<A, L>(b);
 }
 
-// Element conversions to and from the acc type, written so that loops over
-// them vectorise: bf16 <-> float are bit operations (the rounding is
-// bf16_from_float's, without its branch).  Half keeps the scalar conversions.
-template <typename A>
-inline A load_acc(BFloat16 v) {
-  const uint32_t u = uint32_t(v.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return A(f);
-}
-template <typename A>
-inline A load_acc(Half v) { return A(to_float(v)); }
-template <typename A>
-inline A load_acc(float v) { return A(v); }
-template <typename A>
-inline A load_acc(double v) { return A(v); }
-
-template <typename D, typename A>
-inline D store_acc(A v) {
-  if constexpr (std::is_same_v<D, BFloat16>) {
-    uint32_t u;
-    const float f = float(v);
-    std::memcpy(&u, &f, 4);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    return BFloat16{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
-  } else if constexpr (std::is_same_v<D, Half>) {
-    return half_from_float(float(v));
-  } else {
-    return D(v);
-  }
-}
-
 template <typename S, typename A>
 inline void to_acc(const S* __restrict s, int64_t n, A* __restrict d) {
-  for (int64_t i = 0; i < n; ++i) d[i] = load_acc<A>(s[i]);
+  for (int64_t i = 0; i < n; ++i) d[i] = load_as<A>(s[i]);
 }
 template <typename D, typename A>
 inline void from_acc(const A* __restrict s, int64_t n, D* __restrict d) {
-  for (int64_t i = 0; i < n; ++i) d[i] = store_acc<D>(s[i]);
+  for (int64_t i = 0; i < n; ++i) d[i] = store_as<D>(s[i]);
 }
 
 // A row (or parameter) as acc-type values: in place when it is stored in the
@@ -149,13 +116,13 @@ template <typename A, typename D>
 inline void normalize_row(const A* __restrict x, int64_t n, A mean, A rstd, const A* __restrict w,
                           const A* __restrict b, D* __restrict out) {
   if (w && b)
-    for (int64_t i = 0; i < n; ++i) out[i] = store_acc<D>((x[i] - mean) * rstd * w[i] + b[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = store_as<D>((x[i] - mean) * rstd * w[i] + b[i]);
   else if (w)
-    for (int64_t i = 0; i < n; ++i) out[i] = store_acc<D>((x[i] - mean) * rstd * w[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = store_as<D>((x[i] - mean) * rstd * w[i]);
   else if (b)
-    for (int64_t i = 0; i < n; ++i) out[i] = store_acc<D>((x[i] - mean) * rstd + b[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = store_as<D>((x[i] - mean) * rstd + b[i]);
   else
-    for (int64_t i = 0; i < n; ++i) out[i] = store_acc<D>((x[i] - mean) * rstd);
+    for (int64_t i = 0; i < n; ++i) out[i] = store_as<D>((x[i] - mean) * rstd);
 }
 
 // Per-task scratch: the acc-type weight and bias (converted once per task)
@@ -189,7 +156,7 @@ void norm_fwd_rows(const FwdParams& p, int64_t begin, int64_t end) {
     // The first pass also converts a 16-bit row into xbuf, which the later
     // passes read.
     auto load = [&](int64_t i) {
-      const A v = load_acc<A>(xr[i]);
+      const A v = load_as<A>(xr[i]);
       if constexpr (kConvertX) xbuf[i] = v;
       return v;
     };
@@ -249,8 +216,8 @@ void norm_bwd_chunks(const BwdParams& p, int64_t c_begin, int64_t c_end, acc_t<T
       const A* __restrict dy;
       if constexpr (kConvertX) {
         for (int64_t i = 0; i < n; ++i) {
-          xbuf[i] = load_acc<A>(xr[i]);
-          dybuf[i] = load_acc<A>(dyr[i]);
+          xbuf[i] = load_as<A>(xr[i]);
+          dybuf[i] = load_as<A>(dyr[i]);
         }
         x = xbuf;
         dy = dybuf;
@@ -289,9 +256,9 @@ void norm_bwd_chunks(const BwdParams& p, int64_t c_begin, int64_t c_end, acc_t<T
       T* __restrict dx = static_cast<T*>(p.dx) + r * n;
       if (w)
         for (int64_t i = 0; i < n; ++i)
-          dx[i] = store_acc<T>(rstd * (dy[i] * w[i] - c_g - ((x[i] - mean) * rstd) * c_gx));
+          dx[i] = store_as<T>(rstd * (dy[i] * w[i] - c_g - ((x[i] - mean) * rstd) * c_gx));
       else
-        for (int64_t i = 0; i < n; ++i) dx[i] = store_acc<T>(rstd * (dy[i] - c_g - ((x[i] - mean) * rstd) * c_gx));
+        for (int64_t i = 0; i < n; ++i) dx[i] = store_as<T>(rstd * (dy[i] - c_g - ((x[i] - mean) * rstd) * c_gx));
     }
   }
 }

@@ -80,7 +80,7 @@ void forward_row(const T* __restrict x, T* __restrict y, A* __restrict buf, int6
                  bool log) {
   constexpr bool kConvert = !std::is_same_v<T, A>;
   const A m = lane_max<A>(kept, [&](int64_t j) {
-    const A v = load_acc<A>(x[j]) * scale;
+    const A v = load_as<A>(x[j]) * scale;
     if constexpr (kConvert) buf[j] = v;
     return v;
   });
@@ -92,7 +92,7 @@ void forward_row(const T* __restrict x, T* __restrict y, A* __restrict buf, int6
   if (log) {
     const A log_sum = std::log(lane_sum<A>(kept, [&](int64_t j) { return exp_approx(z(j) - base); }));
     // y = (z - max) - log(sum): no large lse to round
-    for (int64_t j = 0; j < kept; ++j) y[j] = store_acc<T>((z(j) - base) - log_sum);
+    for (int64_t j = 0; j < kept; ++j) y[j] = store_as<T>((z(j) - base) - log_sum);
   } else {
     const A sum = lane_sum<A>(kept, [&](int64_t j) {
       const A e = exp_approx(z(j) - base);
@@ -100,9 +100,9 @@ void forward_row(const T* __restrict x, T* __restrict y, A* __restrict buf, int6
       return e;
     });
     const A inv = A(1) / sum;
-    for (int64_t j = 0; j < kept; ++j) y[j] = store_acc<T>(buf[j] * inv);
+    for (int64_t j = 0; j < kept; ++j) y[j] = store_as<T>(buf[j] * inv);
   }
-  const T masked = store_acc<T>(log ? -std::numeric_limits<A>::infinity() : A(0));
+  const T masked = store_as<T>(log ? -std::numeric_limits<A>::infinity() : A(0));
   for (int64_t j = kept; j < n; ++j) y[j] = masked;
 }
 
@@ -110,17 +110,17 @@ void forward_row(const T* __restrict x, T* __restrict y, A* __restrict buf, int6
 template <typename T, typename A>
 void backward_row(const T* __restrict y, const T* __restrict dy, T* __restrict dx, int64_t n, int64_t kept, A scale,
                   bool log) {
-  auto yv = [&](int64_t j) { return load_acc<A>(y[j]); };
-  auto g = [&](int64_t j) { return load_acc<A>(dy[j]); };
+  auto yv = [&](int64_t j) { return load_as<A>(y[j]); };
+  auto g = [&](int64_t j) { return load_as<A>(dy[j]); };
   if (log) {
     // exp(y) of whatever y the caller passes, positive too
     const A sum = lane_sum<A>(kept, g);
-    for (int64_t j = 0; j < kept; ++j) dx[j] = store_acc<T>(scale * (g(j) - exp_approx(yv(j)) * sum));
+    for (int64_t j = 0; j < kept; ++j) dx[j] = store_as<T>(scale * (g(j) - exp_approx(yv(j)) * sum));
   } else {
     const A sum = lane_sum<A>(kept, [&](int64_t j) { return g(j) * yv(j); });
-    for (int64_t j = 0; j < kept; ++j) dx[j] = store_acc<T>(scale * yv(j) * (g(j) - sum));
+    for (int64_t j = 0; j < kept; ++j) dx[j] = store_as<T>(scale * yv(j) * (g(j) - sum));
   }
-  for (int64_t j = kept; j < n; ++j) dx[j] = store_acc<T>(A(0));
+  for (int64_t j = kept; j < n; ++j) dx[j] = store_as<T>(A(0));
 }
 
 }  // namespace softmax_detail
