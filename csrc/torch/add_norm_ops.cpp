@@ -2,14 +2,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Parallel.h>
 
 #include <limits>
 #include <mutex>
 
-#include "../kernels/add_norm/cpu.h"
 #include "checks.h"
-#include "dispatch.h"
+#include "cpu_kernels.h"
 #include "rows.h"
 
 namespace fln::glue {
@@ -221,19 +219,13 @@ BwdOut add_norm_bwd_meta(const Tensor& dy, const OptTensor& dh, const Tensor& h,
 // ---------------------------------------------------------------------------
 namespace {
 
+// The instruction set's build of csrc/kernels/add_norm/cpu.h (cpu_kernels.h).
 void cpu_fwd(const AddNormFwdParams& p, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt, const Tensor&) {
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(p.cols, 1));
-  dispatch_add_norm_types(xt, wt, rt, [&](auto t, auto w, auto r) {
-    fln::cpu::add_norm_fwd<typename decltype(t)::type, typename decltype(w)::type, typename decltype(r)::type>(
-        p, [grain](int64_t n, auto&& fn) { at::parallel_for(0, n, grain, fn); });
-  });
+  cpu_add_norm_fwd(p, xt, wt, rt);
 }
 
 void cpu_bwd(const AddNormBwdParams& p, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt, const Tensor&) {
-  dispatch_add_norm_types(xt, wt, rt, [&](auto t, auto w, auto r) {
-    fln::cpu::add_norm_bwd<typename decltype(t)::type, typename decltype(w)::type, typename decltype(r)::type>(
-        p, [](int64_t n, auto&& fn) { at::parallel_for(0, n, 1, fn); });
-  });
+  cpu_add_norm_bwd(p, xt, wt, rt);
 }
 
 DropoutRng cpu_draw(const OptGenerator& gen, const Tensor&) {

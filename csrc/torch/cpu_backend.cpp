@@ -81,6 +81,20 @@ void cpu_softmax(const SoftmaxParams& p, at::ScalarType t) {
   kernels().softmax(p, t);
 }
 
+void cpu_add_norm_fwd(const AddNormFwdParams& p, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt) {
+  advise_huge_pages(p.y, p.rows * p.cols * int64_t(c10::elementSize(xt)));
+  advise_huge_pages(p.h, p.rows * p.cols * int64_t(c10::elementSize(rt)));
+  kernels().add_norm_fwd(p, xt, wt, rt);
+}
+
+void cpu_add_norm_bwd(const AddNormBwdParams& p, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt) {
+  advise_huge_pages(p.dx, p.rows * p.cols * int64_t(c10::elementSize(xt)));
+  advise_huge_pages(p.dresidual, p.rows * p.cols * int64_t(c10::elementSize(rt)));
+  kernels().add_norm_bwd(p, xt, wt, rt);
+}
+
+void cpu_rope(const RopeParams& p, at::ScalarType t, at::ScalarType c) { kernels().rope(p, t, c); }
+
 const Backend kCpuBackend{&cpu_fwd, &cpu_bwd};
 
 }  // namespace fln::glue

@@ -18,7 +18,8 @@
 #endif
 
 namespace fln::glue {
-static const CpuKernels kKernels{"avx2", &avx2::fwd, &avx2::bwd, &avx2::softmax};
+static const CpuKernels kKernels{"avx2", &avx2::fwd, &avx2::bwd, &avx2::softmax,
+                                  &avx2::add_norm_fwd, &avx2::add_norm_bwd, &avx2::rope};
 const CpuKernels* const kCpuKernelsAvx2 = &kKernels;
 }  // namespace fln::glue
 #else

@@ -18,7 +18,8 @@
 #endif
 
 namespace fln::glue {
-static const CpuKernels kKernels{"avx512", &avx512::fwd, &avx512::bwd, &avx512::softmax};
+static const CpuKernels kKernels{"avx512", &avx512::fwd, &avx512::bwd, &avx512::softmax,
+                                  &avx512::add_norm_fwd, &avx512::add_norm_bwd, &avx512::rope};
 const CpuKernels* const kCpuKernelsAvx512 = &kKernels;
 }  // namespace fln::glue
 #else

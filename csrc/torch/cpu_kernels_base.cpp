@@ -5,6 +5,7 @@
 #include "cpu_kernels_impl.h"
 
 namespace fln::glue {
-static const CpuKernels kKernels{"base", &base::fwd, &base::bwd, &base::softmax};
+static const CpuKernels kKernels{"base", &base::fwd, &base::bwd, &base::softmax,
+                                  &base::add_norm_fwd, &base::add_norm_bwd, &base::rope};
 const CpuKernels* const kCpuKernelsBase = &kKernels;
 }  // namespace fln::glue

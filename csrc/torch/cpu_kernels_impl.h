@@ -1,7 +1,9 @@
 // One instruction set's CPU kernels (see cpu_kernels.h).  Included once per
 // file, after every library header, with FLN_CPU_ISA set and, for the x86
 // sets, inside a target pragma: only the code below is compiled for that set.
+#include "../kernels/add_norm/cpu.h"
 #include "../kernels/cpu/norm_cpu.h"
+#include "../kernels/rope/cpu.h"
 #include "../kernels/softmax/cpu.h"
 
 namespace fln::glue::FLN_CPU_ISA {
@@ -34,6 +36,30 @@ static void bwd(const BwdParams& p, at::ScalarType xt, at::ScalarType wt) {
     using T = typename decltype(t)::type;
     using W = typename decltype(w)::type;
     fln::cpu::norm_bwd<T, W>(p, [](int64_t n, auto&& fn) { at::parallel_for(0, n, 1, fn); });
+  });
+}
+
+static void add_norm_fwd(const AddNormFwdParams& p, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt) {
+  dispatch_add_norm_types(xt, wt, rt, [&](auto t, auto w, auto r) {
+    fln::cpu::add_norm_fwd<typename decltype(t)::type, typename decltype(w)::type, typename decltype(r)::type>(
+        p, parallel_rows(p.cols));
+  });
+}
+
+static void add_norm_bwd(const AddNormBwdParams& p, at::ScalarType xt, at::ScalarType wt, at::ScalarType rt) {
+  dispatch_add_norm_types(xt, wt, rt, [&](auto t, auto w, auto r) {
+    fln::cpu::add_norm_bwd<typename decltype(t)::type, typename decltype(w)::type, typename decltype(r)::type>(
+        p, [](int64_t n, auto&& fn) { at::parallel_for(0, n, 1, fn); });
+  });
+}
+
+// Tokens a task: about 32K elements of q and k.
+static void rope(const RopeParams& p, at::ScalarType t, at::ScalarType c) {
+  const int64_t per_token = std::max<int64_t>(1, (p.heads_q + p.heads_k) * p.head_dim);
+  const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
+  dispatch_norm_types(t, c, [&](auto tt, auto ct) {  // cos/sin: q's dtype or float32, as a norm's weight
+    fln::cpu::rope<typename decltype(tt)::type, typename decltype(ct)::type>(
+        p, [grain](int64_t n, auto&& fn) { at::parallel_for(0, n, grain, fn); });
   });
 }
 

@@ -1,14 +1,12 @@
 #include "rope_ops.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <limits>
 #include <string>
 
-#include "../kernels/rope/cpu.h"
-#include "dispatch.h"
+#include "cpu_kernels.h"
 
 namespace fln::glue {
 
@@ -210,18 +208,11 @@ std::tuple<Tensor, Tensor> rope_gather(const Tensor& cos, const Tensor& sin, con
 // ---------------------------------------------------------------------------
 namespace {
 
-void cpu_rope(const RopeParams& p, at::ScalarType t, at::ScalarType c, const Tensor&) {
-  // Tokens a task: about 32K elements of q and k.
-  const int64_t per_token = std::max<int64_t>(1, (p.heads_q + p.heads_k) * p.head_dim);
-  const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
-  dispatch_norm_types(t, c, [&](auto tt, auto ct) {  // cos/sin: q's dtype or float32, as a norm's weight
-    fln::cpu::rope<typename decltype(tt)::type, typename decltype(ct)::type>(
-        p, [grain](int64_t n, auto&& fn) { at::parallel_for(0, n, grain, fn); });
-  });
-}
+// The instruction set's build of csrc/kernels/rope/cpu.h (cpu_kernels.h).
+void run_cpu_rope(const RopeParams& p, at::ScalarType t, at::ScalarType c, const Tensor&) { cpu_rope(p, t, c); }
 
 }  // namespace
 
-const RopeBackend kCpuRope{&cpu_rope};
+const RopeBackend kCpuRope{&run_cpu_rope};
 
 }  // namespace fln::glue

@@ -3,11 +3,14 @@
 // [0, n) drives the rows.  Statistics in the accumulation type (fp32, fp64
 // for double) by two passes over a scratch row of h; the weight gradients go
 // through per-chunk partial rows added in a fixed order, so they are bitwise
-// reproducible whatever the thread count.
+// reproducible whatever the thread count.  Each optional input or output is
+// a loop of its own, so that every loop but the dropout draws vectorizes;
+// built once per instruction set with the norms (csrc/torch/cpu_kernels.h).
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "../cpu/norm_cpu.h"
@@ -16,18 +19,9 @@
 #include "philox.h"
 
 namespace fln::cpu {
+inline namespace FLN_CPU_ISA {
 
 namespace add_norm_detail {
-
-template <typename A, typename F>
-inline A sum8(int64_t n, F&& f) {  // 8 accumulators: vectorises, fixed order
-  A s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) s[k] += f(i + k);
-  for (; i < n; ++i) s[0] += f(i);
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
 
 template <typename W, typename A>
 inline std::vector<A> load_param(const void* p, int64_t n, A fill, A add = A(0)) {
@@ -37,11 +31,22 @@ inline std::vector<A> load_param(const void* p, int64_t n, A fill, A add = A(0))
   return out;
 }
 
-template <typename A>
 inline DropoutMask host_mask(const DropoutRng& rng, int64_t cols, double p) {
   const uint64_t seed = rng.seed_ptr ? uint64_t(*rng.seed_ptr) : rng.seed;
   const uint64_t offset = rng.offset_ptr ? uint64_t(*rng.offset_ptr) + rng.offset_extra : rng.offset;
   return DropoutMask::make(seed, offset, cols, p);
+}
+
+// v[i] = keep(r, i) ? v[i] * scale : 0, the mask stored when asked.
+template <typename A>
+inline void apply_dropout(const DropoutMask& dm, int64_t r, int64_t n, A* __restrict v, uint8_t* __restrict mask) {
+  Philox4 draws{};  // one draw serves four columns (rows are padded to a multiple of 4)
+  for (int64_t i = 0; i < n; ++i) {
+    if ((i & 3) == 0) draws = dm.draws(r, i);
+    const bool keep = dm.keep(draws, i);
+    if (mask) mask[i] = keep;
+    v[i] = keep ? v[i] * A(dm.scale) : A(0);
+  }
 }
 
 }  // namespace add_norm_detail
@@ -52,39 +57,41 @@ void add_norm_fwd(const AddNormFwdParams& p, ParallelFor&& parallel_for) {
   using A = acc_t<T>;
   const int64_t n = p.cols;
   const bool dropout = p.dropout_p > 0.0;
-  const DropoutMask dm = dropout ? host_mask<A>(p.rng, n, p.dropout_p) : DropoutMask{};
+  const DropoutMask dm = dropout ? host_mask(p.rng, n, p.dropout_p) : DropoutMask{};
   if (p.rng_out) {
     p.rng_out[0] = int64_t(dm.seed);
     p.rng_out[1] = int64_t(dm.offset);
   }
-  const std::vector<A> w = load_param<W, A>(p.w, n, A(1), A(p.weight_offset));
-  const std::vector<A> b = load_param<W, A>(p.b, n, A(0));
+  const std::vector<A> wv = load_param<W, A>(p.w, n, A(1), A(p.weight_offset));
+  const std::vector<A> bv = load_param<W, A>(p.b, n, A(0));
   parallel_for(p.rows, [&](int64_t begin, int64_t end) {
     std::vector<A> buf(static_cast<size_t>(n));
     A* __restrict h = buf.data();
+    const A* __restrict w = wv.data();
+    const A* __restrict b = bv.data();
     for (int64_t r = begin; r < end; ++r) {
-      const T* x = static_cast<const T*>(p.x) + r * p.x_stride;
-      const R* res = p.residual ? static_cast<const R*>(p.residual) + r * p.residual_stride : nullptr;
-      Philox4 draws{};  // one draw serves four columns (rows are padded to a multiple of 4)
-      for (int64_t i = 0; i < n; ++i) {
-        A v = load_as<A>(x[i]);
-        if (dropout) {
-          if ((i & 3) == 0) draws = dm.draws(r, i);
-          const bool keep = dm.keep(draws, i);
-          if (p.mask) p.mask[r * n + i] = keep;
-          v = keep ? v * A(dm.scale) : A(0);
-        }
-        if (res) v += load_as<A>(res[i]);
-        // y normalizes the h that is returned: h rounded to R.
-        const R hr = store_as<R>(v);
-        if (p.h) static_cast<R*>(p.h)[r * n + i] = hr;
-        h[i] = load_as<A>(hr);
+      const T* __restrict x = static_cast<const T*>(p.x) + r * p.x_stride;
+      for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(x[i]);
+      if (dropout) apply_dropout(dm, r, n, h, p.mask ? p.mask + r * n : nullptr);
+      if (p.residual) {
+        const R* __restrict res = static_cast<const R*>(p.residual) + r * p.residual_stride;
+        for (int64_t i = 0; i < n; ++i) h[i] += load_as<A>(res[i]);
+      }
+      // y normalizes the h that is returned: h rounded to R.
+      if (p.h) {
+        R* __restrict ho = static_cast<R*>(p.h) + r * n;
+        for (int64_t i = 0; i < n; ++i) ho[i] = store_as<R>(h[i]);
+        if constexpr (!std::is_same_v<R, A>)
+          for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(ho[i]);
+      } else if constexpr (!std::is_same_v<R, A>) {
+        for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(store_as<R>(h[i]));
       }
       // Shifted by the first element: exact for constant rows.
-      const A mean = p.rms ? A(0) : h[0] + sum8<A>(n, [&](int64_t i) { return h[i] - h[0]; }) / A(n);
-      const A var = sum8<A>(n, [&](int64_t i) { return (h[i] - mean) * (h[i] - mean); }) / A(n);
+      const A h0 = h[0];
+      const A mean = p.rms ? A(0) : h0 + lane_sum<A>(n, [&](int64_t i) { return h[i] - h0; }) / A(n);
+      const A var = lane_sum<A>(n, [&](int64_t i) { return (h[i] - mean) * (h[i] - mean); }) / A(n);
       const A rstd = A(1) / std::sqrt(var + A(p.eps));
-      T* y = static_cast<T*>(p.y) + r * n;
+      T* __restrict y = static_cast<T*>(p.y) + r * n;
       for (int64_t i = 0; i < n; ++i) y[i] = store_as<T>((h[i] - mean) * rstd * w[i] + b[i]);
       if (p.mean) static_cast<A*>(p.mean)[r] = mean;
       if (p.rstd) static_cast<A*>(p.rstd)[r] = rstd;
@@ -98,59 +105,68 @@ void add_norm_bwd(const AddNormBwdParams& p, ParallelFor&& parallel_for) {
   using A = acc_t<T>;
   const int64_t n = p.cols, rows = p.rows;
   const bool dropout = p.dropout_p > 0.0;
-  const DropoutMask dm = dropout ? host_mask<A>(p.rng, n, p.dropout_p) : DropoutMask{};
-  const std::vector<A> w = load_param<W, A>(p.w, n, A(1), A(p.weight_offset));
+  const DropoutMask dm = dropout ? host_mask(p.rng, n, p.dropout_p) : DropoutMask{};
+  const std::vector<A> wv = load_param<W, A>(p.w, n, A(1), A(p.weight_offset));
   const bool want_w = p.dw || p.db;
   const int64_t per = bwd_chunk_rows(rows), chunks = bwd_num_chunks(rows);  // the plain backward's chunks
   std::vector<A> part_w(want_w ? size_t(chunks * n) : 0), part_b(want_w ? size_t(chunks * n) : 0);
   parallel_for(chunks, [&](int64_t c0, int64_t c1) {
     std::vector<A> hb(static_cast<size_t>(n)), gb(static_cast<size_t>(n));
+    A* __restrict xhat = hb.data();
+    A* __restrict g = gb.data();
+    const A* __restrict w = wv.data();
     for (int64_t c = c0; c < c1; ++c) {
-      A* pw = want_w ? part_w.data() + c * n : nullptr;
-      A* pb = want_w ? part_b.data() + c * n : nullptr;
+      A* __restrict pw = want_w ? part_w.data() + c * n : nullptr;
+      A* __restrict pb = want_w ? part_b.data() + c * n : nullptr;
       for (int64_t r = c * per; r < std::min(rows, (c + 1) * per); ++r) {
-        const R* hr = static_cast<const R*>(p.h) + r * p.h_stride;
-        const T* dy = static_cast<const T*>(p.dy) + r * p.dy_stride;
+        const R* __restrict hr = static_cast<const R*>(p.h) + r * p.h_stride;
+        const T* __restrict dy = static_cast<const T*>(p.dy) + r * p.dy_stride;
         const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[r];
         const A rstd = static_cast<const A*>(p.rstd)[r];
-        A* __restrict xhat = hb.data();
-        A* __restrict g = gb.data();
         for (int64_t i = 0; i < n; ++i) {
-          const A d = load_as<A>(dy[i]);
           xhat[i] = (load_as<A>(hr[i]) - mean) * rstd;
-          g[i] = d * w[i];
-          if (pw) {
+          g[i] = load_as<A>(dy[i]) * w[i];
+        }
+        if (pw)
+          for (int64_t i = 0; i < n; ++i) {
+            const A d = load_as<A>(dy[i]);
             pw[i] += d * xhat[i];
             pb[i] += d;
           }
+        A sum_g, sum_gx;
+        lane_sum2<A>(n, [&](int64_t i) { return g[i]; }, [&](int64_t i) { return g[i] * xhat[i]; }, sum_g, sum_gx);
+        const A c_g = p.rms ? A(0) : sum_g / A(n), c_gx = sum_gx / A(n);
+        // g becomes dh: the norm's gradient plus the one flowing into h from its other uses.
+        for (int64_t i = 0; i < n; ++i) g[i] = rstd * (g[i] - c_g - xhat[i] * c_gx);
+        if (p.dh) {
+          const R* __restrict dh = static_cast<const R*>(p.dh) + r * p.dh_stride;
+          for (int64_t i = 0; i < n; ++i) g[i] += load_as<A>(dh[i]);
         }
-        const A c_gx = sum8<A>(n, [&](int64_t i) { return g[i] * xhat[i]; }) / A(n);
-        const A c_g = p.rms ? A(0) : sum8<A>(n, [&](int64_t i) { return g[i]; }) / A(n);
-        const R* dh = p.dh ? static_cast<const R*>(p.dh) + r * p.dh_stride : nullptr;
-        Philox4 draws{};
-        for (int64_t i = 0; i < n; ++i) {
-          A v = rstd * (g[i] - c_g - xhat[i] * c_gx);
-          if (dh) v += load_as<A>(dh[i]);
-          if (p.dresidual) static_cast<R*>(p.dresidual)[r * n + i] = store_as<R>(v);
-          if (p.dx) {
-            if (dropout && (i & 3) == 0) draws = dm.draws(r, i);
-            const A dxv = dropout ? (dm.keep(draws, i) ? v * A(dm.scale) : A(0)) : v;
-            static_cast<T*>(p.dx)[r * n + i] = store_as<T>(dxv);
-          }
+        if (p.dresidual) {
+          R* __restrict dres = static_cast<R*>(p.dresidual) + r * n;
+          for (int64_t i = 0; i < n; ++i) dres[i] = store_as<R>(g[i]);
+        }
+        if (p.dx) {
+          if (dropout) apply_dropout(dm, r, n, g, static_cast<uint8_t*>(nullptr));
+          T* __restrict dx = static_cast<T*>(p.dx) + r * n;
+          for (int64_t i = 0; i < n; ++i) dx[i] = store_as<T>(g[i]);
         }
       }
     }
   });
   if (!want_w) return;
-  for (int64_t i = 0; i < n; ++i) {  // fixed-order finalize
-    A sw = 0, sb = 0;
-    for (int64_t c = 0; c < chunks; ++c) {
-      sw += part_w[c * n + i];
-      sb += part_b[c * n + i];
+  // Fixed-order finalize: chunk 0, 1, ... added into each column.
+  std::vector<A> sw(size_t(n), A(0)), sb(size_t(n), A(0));
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t i = 0; i < n; ++i) {
+      sw[i] += part_w[c * n + i];
+      sb[i] += part_b[c * n + i];
     }
-    if (p.dw) static_cast<W*>(p.dw)[i] = store_as<W>(sw);
-    if (p.db) static_cast<W*>(p.db)[i] = store_as<W>(sb);
+  for (int64_t i = 0; i < n; ++i) {
+    if (p.dw) static_cast<W*>(p.dw)[i] = store_as<W>(sw[i]);
+    if (p.db) static_cast<W*>(p.db)[i] = store_as<W>(sb[i]);
   }
 }
 
+}  // namespace FLN_CPU_ISA
 }  // namespace fln::cpu

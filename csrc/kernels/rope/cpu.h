@@ -10,7 +10,12 @@
 #include "../dtypes.h"
 #include "params.h"
 
+#ifndef FLN_CPU_ISA
+#define FLN_CPU_ISA base
+#endif
+
 namespace fln::cpu {
+inline namespace FLN_CPU_ISA {
 
 namespace rope_detail {
 
@@ -67,4 +72,5 @@ void rope(const RopeParams& p, ParallelFor&& parallel_for) {
   });
 }
 
+}  // namespace FLN_CPU_ISA
 }  // namespace fln::cpu
