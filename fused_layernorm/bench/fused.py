@@ -6,8 +6,9 @@ returned), against the peers users pick for it: flash-attention's Triton
 layer_norm_fn / rms_norm_fn (residual, dropout, prenorm), quack's
 rmsnorm(residual=..., prenorm=True), Liger's LigerFusedAddRMSNorm, torch eager
 (F.dropout + add + norm) and torch.compile of the same.  Each cell is the
-median GPU time of one call with an L2 flush between calls, reported as % of
-the device copy bandwidth for the bytes the op must move:
+median GPU time of one call with an L2 flush between calls (without a GPU, or
+with --cpu: the CPU backend against torch, 2^22 elements, wall time), reported
+as % of the device copy bandwidth for the bytes the op must move:
   fwd: x and residual read, y and h written (4 passes);
   bwd: dy, h and the gradient into h read, dx and dresidual written (5 passes
        with dropout; 4 without, where dx is dresidual).
@@ -103,9 +104,9 @@ def load_peers(names, dtype_compile=("bf16",)):
     return peers, missing
 
 
-def _inputs(op, rows, hidden, dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    rnd = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=dtype)  # noqa: E731
+def _inputs(op, rows, hidden, dtype, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g, device=device, dtype=dtype)  # noqa: E731
     x = rnd(rows, hidden).add_(0.5)
     r = rnd(rows, hidden)
     w = rnd(hidden).mul_(0.1).add_(1.0)
@@ -188,7 +189,7 @@ def main(argv=None):
     ap.add_argument("--directions", type=csv(str), default=["fwd", "bwd"])
     ap.add_argument("--peers", type=csv(str), default=list(PEERS))
     ap.add_argument("--compile-dtypes", type=csv(str), default=["bf16"])
-    ap.add_argument("--log2-numel", type=int, default=27)
+    opbench.add_device_args(ap)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--plot-log", help="draw the plot of a saved run log (its printed lines) and exit")
@@ -199,18 +200,18 @@ def main(argv=None):
         out = plot(rows_from_log(text), Path(a.plot_log).with_suffix(".png"), head)
         print(f"wrote {out}")
         return 0
-    if not torch.cuda.is_available():
-        print("the fused benchmark needs a GPU")
-        return 0
-    peers, missing = load_peers(a.peers)
-    run = opbench.Run("fused", peers, missing, a.out, reps=a.reps,
+    dev = opbench.device_of(a)
+    names, not_run = opbench.runnable_peers(a.peers, dev)
+    peers, missing = load_peers(names)
+    log2 = opbench.log2_numel(a, dev)
+    run = opbench.Run("fused", peers, {**not_run, **missing}, a.out, reps=a.reps, device=dev,
                       config=dict(hidden=a.hidden, dtypes=a.dtypes, ops=a.ops, dropout=a.dropout,
-                                  log2_numel=a.log2_numel))
+                                  log2_numel=log2))
     cases = [(op, dt, p, hd) for op in a.ops for dt in a.dtypes for p in a.dropout for hd in a.hidden]
     for i, (op, dt, p, hidden) in enumerate(cases):
         dtype = DTYPES[dt]
-        rows = max(1, (1 << a.log2_numel) // hidden)
-        x, r, w, b, dy, dh = _inputs(op, rows, hidden, dtype)
+        rows = max(1, (1 << log2) // hidden)
+        x, r, w, b, dy, dh = _inputs(op, rows, hidden, dtype, dev)
         ref = None
         if p == 0:
             ye, he, gse = _grads(_torch_fn(op, 0.0), x.float(), r.float(), w.float(),

@@ -1,4 +1,5 @@
-"""What the per-op GPU benchmarks (bench.fused, bench.rope, ...) share: the copy
+"""What the per-op benchmarks (bench.fused, bench.rope, bench.softmax) share: the
+device (the GPU, or the CPU backends where there is none or with --cpu), the copy
 bandwidth measured in the same run, every peer verified before it is timed (one
 that fails is WRONG or ERROR and never timed), each cell as % of that copy
 bandwidth, the JSON written after every case, a plot at the end."""
@@ -18,6 +19,35 @@ def rel_err(a: torch.Tensor, e: torch.Tensor) -> float:
     return ((a - e).abs().max() / e.abs().max().clamp_min(1e-6)).item()
 
 
+# Peers that run on the CPU; the others are GPU kernels (torch.compile is left to the GPU runs).
+CPU_PEERS = ("ours", "torch")
+# log2 of the elements of a case: the GPU's 2^27 is minutes a cell on a CPU.
+LOG2_NUMEL = {"cuda": 27, "cpu": 22}
+
+
+def add_device_args(ap):
+    """--cpu and a --log2-numel whose default depends on the device."""
+    ap.add_argument("--cpu", action="store_true", help="the CPU backends, even where a GPU is present")
+    ap.add_argument("--log2-numel", type=int, default=None,
+                    help=f"log2 of the elements of a case (default {LOG2_NUMEL['cuda']} on a GPU, "
+                         f"{LOG2_NUMEL['cpu']} on the CPU)")
+
+
+def device_of(a) -> str:
+    return "cpu" if a.cpu or not torch.cuda.is_available() else "cuda"
+
+
+def log2_numel(a, device: str) -> int:
+    return a.log2_numel if a.log2_numel is not None else LOG2_NUMEL[device]
+
+
+def runnable_peers(names: Sequence[str], device: str):
+    """(the names to load, {name: why not} for the GPU-only ones on the CPU)."""
+    if device == "cuda":
+        return list(names), {}
+    return [n for n in names if n in CPU_PEERS], {n: "GPU only" for n in names if n not in CPU_PEERS}
+
+
 def _first_line(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return (msg[0] if msg else type(e).__name__)[:200]
@@ -27,22 +57,30 @@ class Run:
     """One benchmark run: `name` names its JSON (<out>/<name>.json) and plot."""
 
     def __init__(self, name: str, peers: Sequence[str], missing: Dict[str, str], out: str, config: dict,
-                 reps: int):
+                 reps: int, device: str = "cuda"):
         self.name, self.peers, self.missing, self.config, self.reps = name, list(peers), missing, config, reps
-        self.env = report.environment("cuda")
-        print(f"{name} bench: {self.env['gpu_name']}, git {self.env['commit']}; peers {', '.join(self.peers)}"
-              + (f"; not installed: {missing}" if missing else ""), flush=True)
-        self.copy = timing.copy_bandwidth("cuda", nbytes=1 << 30)
+        self.device = device
+        self.env = report.environment(device)
+        self.where = self.env["gpu_name"] if device == "cuda" else f"cpu ({self.env['cpu_threads']} threads)"
+        print(f"{name} bench: {self.where}, git {self.env['commit']}; peers {', '.join(self.peers)}"
+              + (f"; not run: {missing}" if missing else ""), flush=True)
+        self.copy = timing.copy_bandwidth(device, nbytes=1 << 30 if device == "cuda" else 1 << 28)
         print(f"copy bandwidth {self.copy['gbps']:.0f} GB/s", flush=True)
-        self.flush = timing.L2Flush("cuda")
+        self.flush = timing.L2Flush(device) if device == "cuda" else None
         self.rows: List[dict] = []
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.t0 = time.perf_counter()
 
     def time_us(self, fn: Callable[[], object]) -> float:
-        """Median GPU time of one call of fn, L2 flushed between calls."""
-        return timing.cuda_time_us(fn, self.reps, 3, self.flush)[0]
+        """Median time of one call of fn: GPU time with L2 flushed between calls, or host wall time."""
+        if self.device == "cuda":
+            return timing.cuda_time_us(fn, self.reps, 3, self.flush)[0]
+        return timing.host_time_us(fn, warmup=2, min_reps=5, max_reps=self.reps, budget_s=1.0)[0]
+
+    def empty_cache(self):
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
 
     def peer_cells(self, peer: str, base: dict, directions: Sequence[str], check: Callable[[], tuple],
                    time_us: Callable[[str], float], nbytes: Callable[[str], int]) -> List[str]:
@@ -53,7 +91,7 @@ class Run:
         except Exception as e:
             note = _first_line(e)
             self.rows += [dict(base, direction=d, status="ERROR", note=note) for d in directions]
-            torch.cuda.empty_cache()
+            self.empty_cache()
             return [f"{peer}=ERR"]
         words = []
         for d in directions:
@@ -74,7 +112,7 @@ class Run:
 
     def case_done(self, i: int, n: int, label: str, words: List[str]):
         print(f"[{i + 1}/{n} {time.perf_counter() - self.t0:.0f}s] {label}: " + " ".join(words), flush=True)
-        torch.cuda.empty_cache()
+        self.empty_cache()
         self.write()  # after every case, so a run stopped early keeps what it measured
 
     def write(self):
@@ -87,7 +125,7 @@ class Run:
         """Writes the JSON and the plot; 1 if one of our cells failed."""
         self.write()
         try:
-            plot(self.rows, self.out / f"{self.name}.png", f"{self.env['gpu_name']}, git {self.env['commit']}")
+            plot(self.rows, self.out / f"{self.name}.png", f"{self.where}, git {self.env['commit']}")
         except ImportError:
             pass  # no matplotlib: the JSON has the numbers
         bad = [r for r in self.rows if r["peer"] == "ours" and r["status"] != "ok"]

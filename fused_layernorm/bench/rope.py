@@ -9,7 +9,8 @@ cos/sin [seq, head_dim / 2]), and Liger's liger_rotary_pos_emb.  q and k are lai
 out as Hugging Face makes them: a projection [batch, seq, heads, head_dim] viewed
 [batch, heads, seq, head_dim] (2^27 elements of q and k together by default; GQA
 with --kv-heads).  Each cell is the median GPU time of one call with an L2 flush
-between calls, reported as % of the device copy bandwidth for the bytes the op
+between calls (without a GPU, or with --cpu: the CPU backend against torch, 2^22
+elements, wall time), reported as % of the device copy bandwidth for the bytes the op
 must move: q and k read once and written once (cos and sin are small and cached,
 so not counted), forward and backward alike.  Every peer is verified first (its
 outputs and the gradients of q and k against a float32 reference of the formula);
@@ -89,12 +90,12 @@ def load_peers(names):
     return peers, missing
 
 
-def _inputs(batch, seq, heads, kv_heads, dim, dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    rnd = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=dtype)  # noqa: E731
+def _inputs(batch, seq, heads, kv_heads, dim, dtype, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g, device=device, dtype=dtype)  # noqa: E731
     qb, kb = rnd(batch, seq, heads, dim), rnd(batch, seq, kv_heads, dim)
-    inv = 10000.0 ** (-torch.arange(0, dim, 2, device="cuda", dtype=torch.float64) / dim)
-    ang = torch.arange(seq, device="cuda", dtype=torch.float64)[:, None] * inv
+    inv = 10000.0 ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float64) / dim)
+    ang = torch.arange(seq, device=device, dtype=torch.float64)[:, None] * inv
     emb = torch.cat((ang, ang), -1)[None]
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     gq, gk = rnd(batch, seq, heads, dim).transpose(1, 2), rnd(batch, seq, kv_heads, dim).transpose(1, 2)
@@ -132,22 +133,22 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--log2-numel", type=int, default=27, help="elements of q and k together (log2)")
+    opbench.add_device_args(ap)  # --log2-numel: elements of q and k together
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="bench/out")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("the rope benchmark needs a GPU")
-        return 0
-    peers, missing = load_peers(a.peers)
-    run = opbench.Run("rope", peers, missing, a.out, reps=a.reps,
+    dev = opbench.device_of(a)
+    names, not_run = opbench.runnable_peers(a.peers, dev)
+    peers, missing = load_peers(names)
+    log2 = opbench.log2_numel(a, dev)
+    run = opbench.Run("rope", peers, {**not_run, **missing}, a.out, reps=a.reps, device=dev,
                       config=dict(head_dims=a.head_dims, dtypes=a.dtypes, heads=a.heads, kv_heads=a.kv_heads,
-                                  batch=a.batch, log2_numel=a.log2_numel))
+                                  batch=a.batch, log2_numel=log2))
     cases = [(dt, d) for dt in a.dtypes for d in a.head_dims]
     for i, (dt, dim) in enumerate(cases):
         dtype = DTYPES[dt]
-        seq = max(1, (1 << a.log2_numel) // ((a.heads + a.kv_heads) * dim * a.batch))
-        qb, kb, cos, sin, gq, gk = _inputs(a.batch, seq, a.heads, a.kv_heads, dim, dtype)
+        seq = max(1, (1 << log2) // ((a.heads + a.kv_heads) * dim * a.batch))
+        qb, kb, cos, sin, gq, gk = _inputs(a.batch, seq, a.heads, a.kv_heads, dim, dtype, dev)
         ref = _run(lambda q, k: hf_rope(q.float().transpose(1, 2), k.float().transpose(1, 2), cos.float(), sin.float()),
                    qb, kb, gq.float(), gk.float())
         nbytes = 2 * (qb.numel() + kb.numel()) * qb.element_size()  # q and k read once, written once

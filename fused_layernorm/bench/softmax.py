@@ -4,7 +4,8 @@
 Softmax over the last dim of a [rows, cols] matrix (2^27 elements by default, rows =
 2^27 / cols) against the peers: torch eager (torch.softmax), torch.compile of it, quack's
 softmax (CuTe DSL, sm_90) and Liger's LigerSoftmaxFunction (Triton).  Each cell is the
-median GPU time of one call with an L2 flush between calls, reported as % of the device
+median GPU time of one call with an L2 flush between calls (without a GPU, or with --cpu:
+the CPU backends against torch, 2^22 elements, wall time), reported as % of the device
 copy bandwidth measured in the same run, for the bytes the op must move: forward reads x
 and writes y (2 x bytes); backward reads y and dy and writes dx (3 x bytes).  Every peer
 is verified first (y and dx against a float32 reference); one that fails is reported
@@ -81,23 +82,23 @@ def main(argv=None):
     ap.add_argument("--dtypes", type=csv(str), default=["bf16", "fp32"])
     ap.add_argument("--directions", type=csv(str), default=["fwd", "bwd"])
     ap.add_argument("--peers", type=csv(str), default=list(PEERS))
-    ap.add_argument("--log2-numel", type=int, default=27)
+    opbench.add_device_args(ap)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="bench/out")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("the softmax benchmark needs a GPU")
-        return 0
-    peers, missing = load_peers(a.peers)
-    run = opbench.Run("softmax", peers, missing, a.out, reps=a.reps,
-                      config=dict(cols=a.cols, dtypes=a.dtypes, log2_numel=a.log2_numel))
+    dev = opbench.device_of(a)
+    names, not_run = opbench.runnable_peers(a.peers, dev)
+    peers, missing = load_peers(names)
+    log2 = opbench.log2_numel(a, dev)
+    run = opbench.Run("softmax", peers, {**not_run, **missing}, a.out, reps=a.reps, device=dev,
+                      config=dict(cols=a.cols, dtypes=a.dtypes, log2_numel=log2))
     cases = [(dt, c) for dt in a.dtypes for c in a.cols]
     for i, (dt, cols) in enumerate(cases):
         dtype = DTYPES[dt]
-        rows = max(1, (1 << a.log2_numel) // cols)
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(rows, cols, generator=gen, device="cuda", dtype=dtype) * 3
-        g = torch.randn(rows, cols, generator=gen, device="cuda", dtype=dtype)
+        rows = max(1, (1 << log2) // cols)
+        gen = torch.Generator(device=dev).manual_seed(0)
+        x = torch.randn(rows, cols, generator=gen, device=dev, dtype=dtype) * 3
+        g = torch.randn(rows, cols, generator=gen, device=dev, dtype=dtype)
         ref = _run(lambda t: torch.softmax(t.float(), -1), x, g.float())
         # forward: x read, y written; backward: y and dy read, dx written
         nbytes = {"fwd": 2 * x.numel() * x.element_size(), "bwd": 3 * x.numel() * x.element_size()}

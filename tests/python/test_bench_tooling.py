@@ -111,8 +111,8 @@ def test_op_bench_peer_cells(tmp_path):
     never timed, one that raises is ERROR, the rest get % of the copy bandwidth; the plot draws them."""
     from fused_layernorm.bench import opbench
 
-    run = object.__new__(opbench.Run)  # the GPU parts of __init__ (copy bandwidth, L2 flush) left out
-    run.rows, run.copy = [], {"gbps": 1000.0}
+    run = object.__new__(opbench.Run)  # __init__'s copy bandwidth left out
+    run.rows, run.copy, run.device = [], {"gbps": 1000.0}, "cpu"
     timed = []
 
     def time_us(d):
@@ -159,3 +159,24 @@ def test_ours_fused_is_opt_in_and_not_a_peer(monkeypatch, tmp_path):
     rows = json.loads(res.read_text())["rows"]
     assert {(r["peer"], r["status"]) for r in rows} == {("ours", "ok"), ("ours_fused", "ok"), ("torch", "ok")}
     assert {e["best_peer"] for e in summarize(rows)} == {"torch"}
+
+
+@pytest.mark.parametrize("bench, args", [
+    ("softmax", ["--cols", "256,1000", "--log2-numel", "12"]),
+    ("rope", ["--head-dims", "64", "--heads", "4", "--kv-heads", "2", "--batch", "2", "--log2-numel", "13"]),
+    ("fused", ["--hidden", "256,1000", "--ops", "layernorm,rmsnorm", "--log2-numel", "12"]),
+])
+def test_op_bench_on_cpu(bench, args, tmp_path, capsys):
+    """The per-op benchmarks run on the CPU backends (--cpu), ours and torch verified and timed;
+    the GPU-only peers are listed as not run."""
+    import importlib
+    import json
+    mod = importlib.import_module(f"fused_layernorm.bench.{bench}")
+    assert mod.main(args + ["--cpu", "--reps", "3", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / f"{bench}.json").read_text())
+    assert doc["device"] == "cpu" and doc["peers_available"] == ["ours", "torch"]
+    assert doc["peers_unavailable"].get("liger") == "GPU only"
+    ours = [r for r in doc["rows"] if r["peer"] == "ours"]
+    assert ours and all(r["status"] == "ok" and r["pct_copy"] > 0 for r in ours)
+    assert {r["status"] for r in doc["rows"] if r["peer"] == "torch"} <= {"ok", "WRONG"}
+    assert "GPU only" in capsys.readouterr().out
