@@ -83,13 +83,17 @@ void add_norm_fwd(const AddNormFwdParams& p, ParallelFor&& parallel_for) {
     const A* __restrict b = bv.data();
     for (int64_t r = begin; r < end; ++r) {
       const T* __restrict x = static_cast<const T*>(p.x) + r * p.x_stride;
-      for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(x[i]);
-      if (dropout) apply_dropout(dm, r, n, h, keep.data(), p.mask ? p.mask + r * n : nullptr);
-      if (p.residual) {
-        const R* __restrict res = static_cast<const R*>(p.residual) + r * p.residual_stride;
-        for (int64_t i = 0; i < n; ++i) h[i] += load_as<A>(res[i]);
+      const R* __restrict res = p.residual ? static_cast<const R*>(p.residual) + r * p.residual_stride : nullptr;
+      if (res && !dropout) {
+        for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(x[i]) + load_as<A>(res[i]);
+      } else {
+        for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(x[i]);
+        if (dropout) apply_dropout(dm, r, n, h, keep.data(), p.mask ? p.mask + r * n : nullptr);
+        if (res)
+          for (int64_t i = 0; i < n; ++i) h[i] += load_as<A>(res[i]);
       }
-      // y normalizes the h that is returned: h rounded to R.
+      // y normalizes the h that is returned: h rounded to R (and stored when asked) in a
+      // plain loop (a 16-bit store inside the sum's lanes keeps that loop scalar).
       if (p.h) {
         R* __restrict ho = static_cast<R*>(p.h) + r * n;
         for (int64_t i = 0; i < n; ++i) ho[i] = store_as<R>(h[i]);
@@ -100,7 +104,8 @@ void add_norm_fwd(const AddNormFwdParams& p, ParallelFor&& parallel_for) {
       }
       // Shifted by the first element: exact for constant rows.
       const A h0 = h[0];
-      const A mean = p.rms ? A(0) : h0 + lane_sum<A>(n, [&](int64_t i) { return h[i] - h0; }) / A(n);
+      const A sum = lane_sum<A>(n, [&](int64_t i) { return h[i] - h0; });
+      const A mean = p.rms ? A(0) : h0 + sum / A(n);
       const A var = lane_sum<A>(n, [&](int64_t i) { return (h[i] - mean) * (h[i] - mean); }) / A(n);
       const A rstd = A(1) / std::sqrt(var + A(p.eps));
       T* __restrict y = static_cast<T*>(p.y) + r * n;
