@@ -72,9 +72,8 @@ inline A lane_max(int64_t n, F&& f) {
 }
 
 // Three passes over a row held in L1/L2: the max of z = scale x; the
-// exponentials and their sum (softmax keeps them in buf); the output.  A
-// 16-bit row is converted once, into buf, in the first pass; fp32 is read in
-// place.
+// exponentials and their sum (softmax keeps them); the output.  A 16-bit row
+// is converted once, into buf, in the first pass; fp32 is read in place.
 template <typename T, typename A>
 void forward_row(const T* __restrict x, T* __restrict y, A* __restrict buf, int64_t n, int64_t kept, A scale,
                  bool log) {
@@ -94,13 +93,21 @@ void forward_row(const T* __restrict x, T* __restrict y, A* __restrict buf, int6
     // y = (z - max) - log(sum): no large lse to round
     for (int64_t j = 0; j < kept; ++j) y[j] = store_as<T>((z(j) - base) - log_sum);
   } else {
+    // The exponentials are held in y itself where it has the accumulator type (a
+    // smaller working set in L2 for long rows), else in buf.
+    A* __restrict e;
+    if constexpr (kConvert) e = buf;
+    else e = y;
     const A sum = lane_sum<A>(kept, [&](int64_t j) {
-      const A e = exp_approx(z(j) - base);
-      buf[j] = e;
-      return e;
+      const A v = exp_approx(z(j) - base);
+      e[j] = v;
+      return v;
     });
     const A inv = A(1) / sum;
-    for (int64_t j = 0; j < kept; ++j) y[j] = store_as<T>(buf[j] * inv);
+    if constexpr (kConvert)
+      for (int64_t j = 0; j < kept; ++j) y[j] = store_as<T>(e[j] * inv);
+    else
+      for (int64_t j = 0; j < kept; ++j) e[j] *= inv;
   }
   const T masked = store_as<T>(log ? -std::numeric_limits<A>::infinity() : A(0));
   for (int64_t j = kept; j < n; ++j) y[j] = masked;
@@ -130,7 +137,7 @@ void softmax(const SoftmaxParams& p, ParallelFor&& parallel_for) {
   using A = acc_t<T>;
   const A scale = A(p.scale);
   parallel_for(p.rows, [&](int64_t r0, int64_t r1) {
-    std::vector<A> buf(p.backward ? 0 : static_cast<size_t>(p.cols));
+    std::vector<A> buf(p.backward || std::is_same_v<T, A> ? 0 : static_cast<size_t>(p.cols));  // 16-bit rows as A
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t kept = softmax_kept(p, r);
       const T* in = static_cast<const T*>(p.in) + r * p.in_stride;
