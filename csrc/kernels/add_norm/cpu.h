@@ -102,11 +102,11 @@ void add_norm_fwd(const AddNormFwdParams& p, ParallelFor&& parallel_for) {
       } else if constexpr (!std::is_same_v<R, A>) {
         for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(store_as<R>(h[i]));
       }
-      // Shifted by the first element: exact for constant rows.
-      const A h0 = h[0];
-      const A sum = lane_sum<A>(n, [&](int64_t i) { return h[i] - h0; });
-      const A mean = p.rms ? A(0) : h0 + sum / A(n);
-      const A var = lane_sum<A>(n, [&](int64_t i) { return (h[i] - mean) * (h[i] - mean); }) / A(n);
+      A mean = A(0), var;
+      if (p.rms)
+        var = lane_sum<A>(n, [&](int64_t i) { return h[i] * h[i]; }) / A(n);
+      else
+        mean_var<A>(h, n, [](int64_t, int64_t) {}, mean, var);
       const A rstd = A(1) / std::sqrt(var + A(p.eps));
       T* __restrict y = static_cast<T*>(p.y) + r * n;
       for (int64_t i = 0; i < n; ++i) y[i] = store_as<T>((h[i] - mean) * rstd * w[i] + b[i]);

@@ -7,9 +7,9 @@
 // (FLN_CPU_ISA names the inline namespace, so the builds never collide at
 // link time; see csrc/torch/cpu_backend.cpp).
 //
-// Forward, per row: mean (LayerNorm), then the variance as the mean of
-// squared deviations (a second pass over the row, still in cache: accurate
-// when |mean| >> std), then y = (x - mean) * rstd * w + b.
+// Forward, per row: mean and variance (LayerNorm; mean_var below: one pass
+// over memory, accurate when |mean| >> std) or the mean square (RMSNorm), then
+// y = (x - mean) * rstd * w + b.
 //
 // Backward, per row: xhat = (x - mean) * rstd, g = dy * w,
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (RMSNorm drops mean(g)).
@@ -90,6 +90,32 @@ inline void lane_sum2(int64_t n, F&& f, G&& g, A& sf, A& sg) {
   sg = reduce_lanes<A, L>(b);
 }
 
+// Mean and variance of a row for LayerNorm in one pass over memory: the row
+// in blocks that stay in L1, each reduced in two passes there (shifted by its
+// first element, then squared deviations about its mean), the blocks merged
+// by Chan et al.'s rule.  Exact for constant rows (every difference is zero).
+// prepare(b0, nb) readies x[b0, b0 + nb) before its block is read (a 16-bit
+// row converted block by block).
+template <typename A, typename Prepare>
+inline void mean_var(const A* __restrict x, int64_t n, Prepare&& prepare, A& mean, A& var) {
+  constexpr int64_t kBlock = 1024;
+  A count = A(0), m = A(0), m2 = A(0);
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t nb = std::min(kBlock, n - b0);
+    prepare(b0, nb);
+    const A* __restrict xb = x + b0;
+    const A shift = xb[0];
+    const A mb = shift + lane_sum<A>(nb, [&](int64_t i) { return xb[i] - shift; }) / A(nb);
+    const A qb = lane_sum<A>(nb, [&](int64_t i) { return (xb[i] - mb) * (xb[i] - mb); });
+    const A total = count + A(nb), d = mb - m, wb = A(nb) / total;
+    m2 += qb + d * d * count * wb;
+    m += d * wb;
+    count = total;
+  }
+  mean = m;
+  var = n > 0 ? m2 / A(n) : A(0);
+}
+
 template <typename S, typename A>
 inline void to_acc(const S* __restrict s, int64_t n, A* __restrict d) {
   for (int64_t i = 0; i < n; ++i) d[i] = load_as<A>(s[i]);
@@ -160,13 +186,15 @@ void norm_fwd_rows(const FwdParams& p, int64_t begin, int64_t end) {
       if constexpr (kConvertX) xbuf[i] = v;
       return v;
     };
-    const A s1 = (rms ? lane_sum<A>(n, [&](int64_t i) { const A v = load(i); return v * v; })
-                      : lane_sum<A>(n, load)) / A(n);
     const A* __restrict x;
     if constexpr (kConvertX) x = xbuf;
     else x = xr;
-    const A mean = rms ? A(0) : s1;
-    const A var = rms ? s1 : lane_sum<A>(n, [&](int64_t i) { return (x[i] - mean) * (x[i] - mean); }) / A(n);
+    A mean = A(0), var;
+    if (rms)
+      var = lane_sum<A>(n, [&](int64_t i) { const A v = load(i); return v * v; }) / A(n);
+    else
+      mean_var<A>(x, n, [&](int64_t b0, int64_t nb) { if constexpr (kConvertX) to_acc(xr + b0, nb, xbuf + b0); },
+                  mean, var);
     const A rstd = A(1) / std::sqrt(var + A(p.eps));
     normalize_row(x, n, mean, rstd, w, b, static_cast<T*>(p.y) + r * n);
     if (p.mean) static_cast<A*>(p.mean)[r] = mean;
