@@ -76,40 +76,50 @@ void add_norm_fwd(const AddNormFwdParams& p, ParallelFor&& parallel_for) {
   const std::vector<A> wv = load_param<W, A>(p.w, n, A(1), A(p.weight_offset));
   const std::vector<A> bv = load_param<W, A>(p.b, n, A(0));
   parallel_for(p.rows, [&](int64_t begin, int64_t end) {
-    std::vector<A> buf(static_cast<size_t>(n));
+    constexpr bool kConvertH = !std::is_same_v<R, A>;
+    std::vector<R> scratch(p.h ? 0 : static_cast<size_t>(n));  // h when it is not returned
+    std::vector<A> block(kConvertH ? static_cast<size_t>(std::min(n, kStatsBlock)) : 0);
     std::vector<uint8_t> keep(dropout ? static_cast<size_t>(dm.padded_cols) : 0);
-    A* __restrict h = buf.data();
     const A* __restrict w = wv.data();
     const A* __restrict b = bv.data();
+    const A scale = A(dm.scale);
     for (int64_t r = begin; r < end; ++r) {
       const T* __restrict x = static_cast<const T*>(p.x) + r * p.x_stride;
       const R* __restrict res = p.residual ? static_cast<const R*>(p.residual) + r * p.residual_stride : nullptr;
-      if (res && !dropout) {
-        for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(x[i]) + load_as<A>(res[i]);
-      } else {
-        for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(x[i]);
-        if (dropout) apply_dropout(dm, r, n, h, keep.data(), p.mask ? p.mask + r * n : nullptr);
+      // h = dropout(x) + residual, held in its own type R (p.h's row, else scratch):
+      // y normalizes the h that is returned, and a 16-bit h is half the bytes to walk.
+      R* __restrict h = p.h ? static_cast<R*>(p.h) + r * n : scratch.data();
+      if (!dropout) {
         if (res)
-          for (int64_t i = 0; i < n; ++i) h[i] += load_as<A>(res[i]);
-      }
-      // y normalizes the h that is returned: h rounded to R (and stored when asked) in a
-      // plain loop (a 16-bit store inside the sum's lanes keeps that loop scalar).
-      if (p.h) {
-        R* __restrict ho = static_cast<R*>(p.h) + r * n;
-        for (int64_t i = 0; i < n; ++i) ho[i] = store_as<R>(h[i]);
-        if constexpr (!std::is_same_v<R, A>)
-          for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(ho[i]);
-      } else if constexpr (!std::is_same_v<R, A>) {
-        for (int64_t i = 0; i < n; ++i) h[i] = load_as<A>(store_as<R>(h[i]));
+          for (int64_t i = 0; i < n; ++i) h[i] = store_as<R>(load_as<A>(x[i]) + load_as<A>(res[i]));
+        else
+          for (int64_t i = 0; i < n; ++i) h[i] = store_as<R>(load_as<A>(x[i]));
+      } else {
+        const uint8_t* __restrict kept = keep.data();
+        keep_flags(dm, r, keep.data());
+        if (p.mask) std::copy(kept, kept + n, p.mask + r * n);
+        if (res)
+          for (int64_t i = 0; i < n; ++i)
+            h[i] = store_as<R>((kept[i] ? load_as<A>(x[i]) * scale : A(0)) + load_as<A>(res[i]));
+        else
+          for (int64_t i = 0; i < n; ++i) h[i] = store_as<R>(kept[i] ? load_as<A>(x[i]) * scale : A(0));
       }
       A mean = A(0), var;
-      if (p.rms)
-        var = lane_sum<A>(n, [&](int64_t i) { return h[i] * h[i]; }) / A(n);
-      else
-        mean_var<A>(h, n, [](int64_t, int64_t) {}, mean, var);
+      if (p.rms) {
+        var = lane_sum<A>(n, [&](int64_t i) { const A v = load_as<A>(h[i]); return v * v; }) / A(n);
+      } else {
+        mean_var<A>(n, [&](int64_t b0, int64_t nb) -> const A* {
+          if constexpr (kConvertH) {
+            to_acc(h + b0, nb, block.data());
+            return block.data();
+          } else {
+            return h + b0;
+          }
+        }, mean, var);
+      }
       const A rstd = A(1) / std::sqrt(var + A(p.eps));
       T* __restrict y = static_cast<T*>(p.y) + r * n;
-      for (int64_t i = 0; i < n; ++i) y[i] = store_as<T>((h[i] - mean) * rstd * w[i] + b[i]);
+      for (int64_t i = 0; i < n; ++i) y[i] = store_as<T>((load_as<A>(h[i]) - mean) * rstd * w[i] + b[i]);
       if (p.mean) static_cast<A*>(p.mean)[r] = mean;
       if (p.rstd) static_cast<A*>(p.rstd)[r] = rstd;
     }

@@ -91,19 +91,18 @@ inline void lane_sum2(int64_t n, F&& f, G&& g, A& sf, A& sg) {
 }
 
 // Mean and variance of a row for LayerNorm in one pass over memory: the row
-// in blocks that stay in L1, each reduced in two passes there (shifted by its
-// first element, then squared deviations about its mean), the blocks merged
-// by Chan et al.'s rule.  Exact for constant rows (every difference is zero).
-// prepare(b0, nb) readies x[b0, b0 + nb) before its block is read (a 16-bit
-// row converted block by block).
-template <typename A, typename Prepare>
-inline void mean_var(const A* __restrict x, int64_t n, Prepare&& prepare, A& mean, A& var) {
-  constexpr int64_t kBlock = 1024;
+// in blocks of kStatsBlock that stay in L1, each reduced in two passes there
+// (shifted by its first element, then squared deviations about its mean), the
+// blocks merged by Chan et al.'s rule.  Exact for constant rows (every
+// difference is zero).  block(b0, nb) gives the values x[b0, b0 + nb) as A
+// (a 16-bit row converted block by block).
+inline constexpr int64_t kStatsBlock = 1024;
+template <typename A, typename Block>
+inline void mean_var(int64_t n, Block&& block, A& mean, A& var) {
   A count = A(0), m = A(0), m2 = A(0);
-  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
-    const int64_t nb = std::min(kBlock, n - b0);
-    prepare(b0, nb);
-    const A* __restrict xb = x + b0;
+  for (int64_t b0 = 0; b0 < n; b0 += kStatsBlock) {
+    const int64_t nb = std::min(kStatsBlock, n - b0);
+    const A* __restrict xb = block(b0, nb);
     const A shift = xb[0];
     const A mb = shift + lane_sum<A>(nb, [&](int64_t i) { return xb[i] - shift; }) / A(nb);
     const A qb = lane_sum<A>(nb, [&](int64_t i) { return (xb[i] - mb) * (xb[i] - mb); });
@@ -193,8 +192,10 @@ void norm_fwd_rows(const FwdParams& p, int64_t begin, int64_t end) {
     if (rms)
       var = lane_sum<A>(n, [&](int64_t i) { const A v = load(i); return v * v; }) / A(n);
     else
-      mean_var<A>(x, n, [&](int64_t b0, int64_t nb) { if constexpr (kConvertX) to_acc(xr + b0, nb, xbuf + b0); },
-                  mean, var);
+      mean_var<A>(n, [&](int64_t b0, int64_t nb) {
+        if constexpr (kConvertX) to_acc(xr + b0, nb, xbuf + b0);
+        return x + b0;
+      }, mean, var);
     const A rstd = A(1) / std::sqrt(var + A(p.eps));
     normalize_row(x, n, mean, rstd, w, b, static_cast<T*>(p.y) + r * n);
     if (p.mean) static_cast<A*>(p.mean)[r] = mean;
