@@ -1,7 +1,8 @@
 // CPU backend of the fused pre-norm op (params.h), forward and backward.
 // Framework-free: raw pointers in, a caller-supplied parallel-for over
 // [0, n) drives the rows.  Statistics in the accumulation type (fp32, fp64
-// for double) by two passes over a scratch row of h; the weight gradients go
+// for double) by mean_var (norm_cpu.h) over h, which is held in its own
+// dtype; the weight gradients go
 // through per-chunk partial rows added in a fixed order, so they are bitwise
 // reproducible whatever the thread count.  Each optional input or output is
 // a loop of its own, so that every loop but the dropout draws vectorizes;
@@ -49,15 +50,12 @@ inline void keep_flags(const DropoutMask& dm, int64_t r, uint8_t* __restrict kee
   }
 }
 
-// v[i] = keep(r, i) ? v[i] * scale : 0, the mask stored when asked; keep is
-// scratch of dm.padded_cols bytes.
+// v[i] = keep(r, i) ? v[i] * scale : 0; keep is scratch of dm.padded_cols bytes.
 template <typename A>
-inline void apply_dropout(const DropoutMask& dm, int64_t r, int64_t n, A* __restrict v, uint8_t* __restrict keep,
-                          uint8_t* __restrict mask) {
+inline void apply_dropout(const DropoutMask& dm, int64_t r, int64_t n, A* __restrict v, uint8_t* __restrict keep) {
   keep_flags(dm, r, keep);
   const A scale = A(dm.scale);
   for (int64_t i = 0; i < n; ++i) v[i] = keep[i] ? v[i] * scale : A(0);
-  if (mask) std::copy(keep, keep + n, mask);
 }
 
 }  // namespace add_norm_detail
@@ -151,15 +149,18 @@ void add_norm_bwd(const AddNormBwdParams& p, ParallelFor&& parallel_for) {
         const T* __restrict dy = static_cast<const T*>(p.dy) + r * p.dy_stride;
         const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[r];
         const A rstd = static_cast<const A*>(p.rstd)[r];
-        for (int64_t i = 0; i < n; ++i) {
-          xhat[i] = (load_as<A>(hr[i]) - mean) * rstd;
-          g[i] = load_as<A>(dy[i]) * w[i];
-        }
         if (pw)
           for (int64_t i = 0; i < n; ++i) {
             const A d = load_as<A>(dy[i]);
+            xhat[i] = (load_as<A>(hr[i]) - mean) * rstd;
+            g[i] = d * w[i];
             pw[i] += d * xhat[i];
             pb[i] += d;
+          }
+        else
+          for (int64_t i = 0; i < n; ++i) {
+            xhat[i] = (load_as<A>(hr[i]) - mean) * rstd;
+            g[i] = load_as<A>(dy[i]) * w[i];
           }
         A sum_g, sum_gx;
         lane_sum2<A>(n, [&](int64_t i) { return g[i]; }, [&](int64_t i) { return g[i] * xhat[i]; }, sum_g, sum_gx);
@@ -175,7 +176,7 @@ void add_norm_bwd(const AddNormBwdParams& p, ParallelFor&& parallel_for) {
           for (int64_t i = 0; i < n; ++i) dres[i] = store_as<R>(g[i]);
         }
         if (p.dx) {
-          if (dropout) apply_dropout(dm, r, n, g, keep.data(), static_cast<uint8_t*>(nullptr));
+          if (dropout) apply_dropout(dm, r, n, g, keep.data());
           T* __restrict dx = static_cast<T*>(p.dx) + r * n;
           for (int64_t i = 0; i < n; ++i) dx[i] = store_as<T>(g[i]);
         }
