@@ -276,7 +276,7 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
       }
     }
     if (p.dx != nullptr) {  // uniform: else no reduction is needed
-      red.sum(s);
+      red.reduce(s);
 #pragma unroll
       for (int j = 0; j < kRows; ++j) {
         const int64_t row = base + row_in_cta + j * step;

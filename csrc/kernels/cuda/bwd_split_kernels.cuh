@@ -60,7 +60,7 @@ bwd_split_sums_kernel(BwdParams p, int64_t nchunks, acc2_t<dacc_t<T>>* part) {
         s[1] += g;
       }
     }
-    red.sum(s);
+    red.reduce(s);
     if (threadIdx.x == 0) part[row * nchunks + blockIdx.x] = {s[0], s[1]};
   }
 }

@@ -462,11 +462,10 @@ struct ReduceSmem {
   alignas(8) uint64_t bar[NB];        // clusters: completes when every CTA's sums have landed
 };
 
-// Sums K values over the threads of one row: `tpr` threads (a power of two
-// up to 32, else whole warps) of this CTA, times `csize` CTAs of a
-// thread-block cluster.  Every step adds in a fixed order (xor butterflies:
-// both partners of a step add the same two values), so the result is
-// identical in every thread, every CTA of the cluster and every run.
+// Reduces K values over the threads of one row: `tpr` threads (a power of
+// two up to 32, else whole warps) of this CTA, times `csize` CTAs of a
+// thread-block cluster.  Every step merges in a fixed order (xor
+// butterflies), so results are the same in every run.
 static_assert(kMaxCtaThreads <= 512, "RowReducer's butterflies span at most 16 warps");
 
 // Sum over each aligned group of LANES lanes (a power of two up to 32) by
@@ -482,15 +481,45 @@ __device__ __forceinline__ A butterfly_sum(A t) {
   return t;
 }
 
+// How RowReducer merges two sets of K partials: an op has merge(a, b) (a
+// becomes a merged with b), identity(k) (the value of an empty part) and
+// kSymmetric (merge(a, b) and merge(b, a) give the same bits, so both
+// partners of a butterfly end equal).  SumOp adds.
+struct SumOp {
+  static constexpr bool kSymmetric = true;
+  template <typename A, int K>
+  __device__ __forceinline__ static void merge(A (&a)[K], const A (&b)[K]) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) a[k] += b[k];
+  }
+  template <typename A>
+  __device__ __forceinline__ static A identity(int) {
+    return A(0);
+  }
+};
+
+// Merges v with the lanes LANES / 2, ..., 1 away (xor butterfly); every
+// lane shuffles, and a step merges only where `off < active`.
+template <typename Op, int LANES, typename A, int K>
+__device__ __forceinline__ void butterfly_merge(A (&v)[K], int active = LANES) {
+#pragma unroll
+  for (int off = LANES / 2; off > 0; off /= 2) {
+    A o[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) o[k] = __shfl_xor_sync(0xffffffffu, v[k], off);
+    if (off < active) Op::merge(v, o);
+  }
+}
+
 // Clusters (csize > 1) hold one row a CTA of more than 32 threads
-// (launch_plan.h), so every reduction passes a __syncthreads before its
+// (the plans), so every reduction passes a __syncthreads before its
 // push: a CTA pushes into buffer b again only after every CTA has pushed
 // the reduction in between, which each did after all its threads had read
-// buffer b.  Where csize > 1, call init() before the first sum() and
+// buffer b.  Where csize > 1, call init() before the first reduce() and
 // finish() after the last.
 // kCluster false: a kernel never launched in clusters, compiled without the
 // cluster exchange (its code cost LayerNorm's forward 2-5 points, v12d).
-template <typename A, int K, int NB = 2, bool kCluster = true>
+template <typename A, int K, int NB = 2, bool kCluster = true, typename Op = SumOp>
 struct RowReducer {
   ReduceSmem<A, K, NB>& s;
   int tpr, csize, row_in_cta;
@@ -507,24 +536,17 @@ struct RowReducer {
 #endif
   }
 
-  __device__ void sum(A (&v)[K]) {
+  __device__ void reduce(A (&v)[K]) {
     int none = 0;
-    sum(v, none, nullptr);
+    reduce(v, none, nullptr);
   }
 
   // Also hands `token` from thread 0 of the cluster's CTA 0 to every thread
   // of the cluster, through tok (NB ints of each CTA's shared memory, the
   // same in every CTA); clusters only, and every CTA passes tok or none does.
-  __device__ void sum(A (&v)[K], int& token, int* tok) {
+  __device__ void reduce(A (&v)[K], int& token, int* tok) {
     const int parity = count & 1;
-    const int lanes = tpr < 32 ? tpr : 32;
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-#pragma unroll
-      for (int off = 16; off > 0; off /= 2) {  // every lane shuffles; no branch per step
-        const A o = __shfl_xor_sync(0xffffffffu, v[k], off);
-        if (off < lanes) v[k] += o;
-      }
+    butterfly_merge<Op, 32>(v, tpr < 32 ? tpr : 32);
     if (tpr > 32) {
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpr = tpr / 32;
       if (lane == 0)
@@ -532,20 +554,27 @@ struct RowReducer {
         for (int k = 0; k < K; ++k) s.warp[parity][warp][k] = v[k];
       __syncthreads();
       // Lane w of every warp loads warp w's partial (lanes 16-31 repeat
-      // lanes 0-15), then a butterfly adds them.  (H200: a sequential loop
+      // lanes 0-15), then a butterfly merges them.  (H200: a sequential loop
       // over the warps' partials in every thread ran 3-9 points slower,
       // docs/performance.md v6c.)
       const int src = lane & 15;
 #pragma unroll
-      for (int k = 0; k < K; ++k)
-        v[k] = butterfly_sum<16>(src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : A(0));
+      for (int k = 0; k < K; ++k) v[k] = src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : Op::template identity<A>(k);
+      butterfly_merge<Op, 16>(v);
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (kCluster && csize > 1) {  // one row per CTA: every thread holds the CTA's sums
+    if (kCluster && csize > 1) {  // one row per CTA: every thread holds the CTA's partials
       const int b = count % NB;
       const uint32_t bar = smem_addr(&s.bar[b]);
       if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, uint32_t(csize * K * sizeof(A) + (tok ? sizeof(int) : 0)));
-      if (tok && threadIdx.x < 32) token = __shfl_sync(0xffffffffu, token, 0);
+      if (threadIdx.x < 32) {
+        if (tok) token = __shfl_sync(0xffffffffu, token, 0);
+        // An asymmetric merge leaves the lanes' results an ulp apart: every
+        // CTA is sent lane 0's, so all CTAs merge the same values.
+        if constexpr (!Op::kSymmetric)
+#pragma unroll
+          for (int k = 0; k < K; ++k) v[k] = __shfl_sync(0xffffffffu, v[k], 0);
+      }
       if (threadIdx.x < csize) {  // thread r pushes to CTA r
         const int me = cluster_rank();
         const uint32_t rbar = map_cluster(bar, threadIdx.x);
@@ -555,10 +584,11 @@ struct RowReducer {
       }
       mbar_wait(bar, (count / NB) & 1u);
       if (tok) token = tok[b];
-      // Lane r reads CTA r's sum, then the same butterfly as above.
+      // Lane r reads CTA r's partials, then the same butterfly as above.
       const int src = threadIdx.x % 16;
 #pragma unroll
-      for (int k = 0; k < K; ++k) v[k] = butterfly_sum<16>(src < csize ? s.cta[b][src][k] : A(0));
+      for (int k = 0; k < K; ++k) v[k] = src < csize ? s.cta[b][src][k] : Op::template identity<A>(k);
+      butterfly_merge<Op, 16>(v);
     }
 #endif
     ++count;

@@ -317,7 +317,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           m[1] += b;
         }
         stage_next(m[0], m[1]);
-        red2.sum(m, token, carry());
+        red2.reduce(m, token, carry());
         const A dm = m[0] * inv_n;
         mean = k0 + dm;
         var = m[1] * inv_n - dm * dm;
@@ -337,7 +337,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           s[0] += si;
         }
         stage_next(s[0], s[0]);
-        red.sum(s, token, carry());
+        red.reduce(s, token, carry());
         mean = s[0] * inv_n;
       }
     }
@@ -361,7 +361,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
           q[0] += qi;
         }
         stage_next(q[0], q[0]);
-        red.sum(q, token, carry());
+        red.reduce(q, token, carry());
         var = q[0] * inv_n;
       };
       if (p.rms) sum_sq(std::false_type{});

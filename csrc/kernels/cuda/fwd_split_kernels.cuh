@@ -32,14 +32,14 @@ fwd_split_stats_kernel(FwdParams p, int64_t nchunks, acc2_t<dacc_t<T>>* part) {
       A s[1] = {0};
 #pragma unroll
       for (int k = 0; k < VEC; ++k) s[0] += x.get(k);
-      red.sum(s);
+      red.reduce(s);
       mean = s[0] / A(count);
     }
     A q[1] = {0};
     if (c < n)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) q[0] += (x.get(k) - mean) * (x.get(k) - mean);
-    red.sum(q);
+    red.reduce(q);
     if (threadIdx.x == 0) part[row * nchunks + blockIdx.x] = {mean, q[0]};
   }
 }

@@ -77,82 +77,28 @@ __device__ __forceinline__ double fwd_exp(double v) { return exp(v); }
 __device__ __forceinline__ float log_acc(float v) { return logf(v); }
 __device__ __forceinline__ double log_acc(double v) { return log(v); }
 
-// A slice's (max, sum of exp(z - max)); merged pairwise, the sums rescaled to
-// the larger max.  Empty slices are (-inf, 0): their exponent offset is taken
-// as 0 so no -inf - -inf is formed.  Merging is symmetric, so both partners
-// of a butterfly hold the same bits: both products are rounded before the
-// sum (contracted, a * b + c * d is fma(a, b, c * d) in one partner and
-// fma(c, d, a * b) in the other, which may differ in the last bit).
-template <typename A>
-struct MaxSum {
-  A m, s;
-  __device__ __forceinline__ void merge(const MaxSum& o) {
-    const A mx = max_acc(m, o.m);
+// A slice's (max, sum of exp(z - max)) as RowReducer's op: merged
+// pairwise, the sums rescaled to the larger max.  Empty slices are (-inf, 0):
+// their exponent offset is taken as 0 so no -inf - -inf is formed.  Both
+// products are rounded before the sum, so merge(a, b) and merge(b, a) give
+// the same bits (contracted, a * b + c * d is fma(a, b, c * d) one way and
+// fma(c, d, a * b) the other, which may differ in the last bit).
+struct MaxSumOp {
+  static constexpr bool kSymmetric = true;
+  template <typename A>
+  __device__ __forceinline__ static void merge(A (&a)[2], const A (&b)[2]) {
+    const A mx = max_acc(a[0], b[0]);
     const A base = mx == neg_inf<A>() ? A(0) : mx;
-    s = mul_rn(s, fwd_exp(m - base)) + mul_rn(o.s, fwd_exp(o.m - base));
-    m = mx;
+    a[1] = mul_rn(a[1], fwd_exp(a[0] - base)) + mul_rn(b[1], fwd_exp(b[0] - base));
+    a[0] = mx;
   }
-  __device__ __forceinline__ MaxSum shfl_xor(int off) const {
-    return {__shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off)};
+  template <typename A>
+  __device__ __forceinline__ static A identity(int k) {
+    return k == 0 ? neg_inf<A>() : A(0);
   }
-  __device__ __forceinline__ static MaxSum empty() { return {neg_inf<A>(), A(0)}; }
 };
-
-template <typename A>
-struct MaxSumShared {
-  MaxSum<A> warp[2][kMaxThreads / 32];  // two buffers in turn: one barrier a reduction
-  MaxSum<A> cta[2];                     // kCluster: this CTA's total, read by the others
-};
-
-// Merges v over the row's threads: lanes by butterfly, then the warps of the
-// CTA (a team of whole warps), then the CTAs of the cluster, each step in a
-// fixed order, so every thread ends with the same bits.  `round` alternates
-// the shared buffers: buffer b is written again two rounds on, after every
-// thread (CTA) has passed the barrier of the round in between.
-template <bool kCluster, typename A>
-__device__ __forceinline__ MaxSum<A> reduce_max_sum(MaxSum<A> v, int threads_per_row, MaxSumShared<A>& sh,
-                                                    int round) {
-  const int lanes = threads_per_row < 32 ? threads_per_row : 32;
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    const MaxSum<A> o = v.shfl_xor(off);  // every lane shuffles: no divergence
-    if (off < lanes) v.merge(o);
-  }
-  if (threads_per_row <= 32 && !kCluster) return v;
-  const int buf = round & 1, lane = threadIdx.x % 32;
-  auto butterfly16 = [](MaxSum<A> t) {
-#pragma unroll
-    for (int off = 1; off < 16; off *= 2) t.merge(t.shfl_xor(off));
-    return t;
-  };
-  if (threads_per_row > 32) {
-    if (lane == 0) sh.warp[buf][threadIdx.x / 32] = v;
-    __syncthreads();
-    const int warps = threads_per_row / 32;
-    v = butterfly16(lane % 16 < warps ? sh.warp[buf][lane % 16] : MaxSum<A>::empty());
-  }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters: sm_90 (plan.h plans none before)
-  if constexpr (kCluster) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    if (threadIdx.x == 0) sh.cta[buf] = v;
-    cluster.sync();
-    const int ctas = int(cluster.num_blocks());
-    MaxSum<A> t = MaxSum<A>::empty();
-    if (lane % 16 < ctas) t = *cluster.map_shared_rank(&sh.cta[buf], lane % 16);
-    v = butterfly16(t);
-  }
-#endif
-  return v;
-}
-
-// A CTA of a cluster must not exit while another may still read its shared memory.
-template <bool kCluster>
-__device__ __forceinline__ void cluster_done() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kCluster) cooperative_groups::this_cluster().sync();
-#endif
-}
+template <typename A, bool kCluster>
+using MaxSumReducer = RowReducer<A, 2, 2, kCluster, MaxSumOp>;
 
 // A thread's place on its rows (kRow, kCluster).
 struct Place {
@@ -183,12 +129,13 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
   using A = dacc_t<T>;
   using D = device_t<T>;
   constexpr bool kCl = M == Mode::kCluster;
-  __shared__ MaxSumShared<A> sh;
+  __shared__ ReduceSmem<A, 2> sh;
   const Place pl = place<M>(lay);
+  MaxSumReducer<A, kCl> red{sh, lay.threads_per_row, lay.cluster, pl.row_in_cta};
+  red.init();
   const int64_t n = p.cols;
   auto col = [&](int i) { return (int64_t(i) * pl.row_threads + pl.t) * VEC; };
   const A scale = A(p.scale);
-  int round = 0;
   // The loop bound is uniform over the CTA (cluster), so every thread reaches every barrier.
   for (int64_t first = pl.first_row; first < p.rows; first += pl.row_step) {
     const int64_t row = first + pl.row_in_cta;
@@ -224,14 +171,15 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
 #pragma unroll
     for (int i = 0; i < NV; ++i)
       each_kept(i, [&](int k) { s += fwd_exp(fma_acc(A(xf[i].get(k)), scale, -base)); });
-    const MaxSum<A> r = reduce_max_sum<kCl>(MaxSum<A>{m, s}, lay.threads_per_row, sh, round++);
+    A r[2] = {m, s};  // the row's (M, S)
+    red.reduce(r);
     if (!live) continue;
     // softmax: exp(z - M) / S, the exponential taken again rather than held
     // (held, a thread's fp32 copies doubled its registers and halved the CTAs
     // an SM); log-softmax: z - (M + log S).  Masked columns: 0 (log: -inf).
-    const A row_base = r.m == neg_inf<A>() ? A(0) : r.m;  // a row of -inf: S = 0, so y is NaN
-    const A inv = A(1) / r.s;
-    const A log_s = kLog ? log_acc(r.s) : A(0);
+    const A row_base = r[0] == neg_inf<A>() ? A(0) : r[0];  // a row of -inf: S = 0, so y is NaN
+    const A inv = A(1) / r[1];
+    const A log_s = kLog ? log_acc(r[1]) : A(0);
     D* y = static_cast<D*>(p.out) + row * p.out_stride;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -248,7 +196,7 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
       store_vec(y + c, o);
     }
   }
-  cluster_done<kCl>();
+  red.finish();
 }
 
 // The backward's per-element pieces: the row sum's term, and dx from it.
@@ -299,7 +247,7 @@ __global__ void FLN_MAX_REGS(row_regs<T>(kLog)) softmax_bwd_kernel(const Softmax
 #pragma unroll
       for (int k = 0; k < VEC; ++k)
         if (col(i) + k < kept) s[0] += bwd_term<kLog>(A(yf[i].get(k)), A(gf[i].get(k)));
-    red.sum(s);
+    red.reduce(s);
     if (!live) continue;
     D* dx = static_cast<D*>(p.out) + row * p.out_stride;
 #pragma unroll
@@ -325,14 +273,14 @@ template <typename T, int VEC, int NV, bool kLog>
 __global__ void FLN_MAX_REGS(kLoopRegs) softmax_fwd_loop_kernel(const SoftmaxParams p) {
   using A = dacc_t<T>;
   using D = device_t<T>;
-  __shared__ MaxSumShared<A> sh;
+  __shared__ ReduceSmem<A, 2> sh;
+  MaxSumReducer<A, false> red{sh, int(blockDim.x), 1, 0};
   const int64_t n = p.cols, chunk = int64_t(blockDim.x) * NV * VEC;
   const A scale = A(p.scale);
-  int round = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t kept = softmax_kept(p, row);
     const D* x = static_cast<const D*>(p.in) + row * p.in_stride;
-    MaxSum<A> acc = MaxSum<A>::empty();
+    A r[2] = {neg_inf<A>(), A(0)};  // the row's (M, S), chunk by chunk
     for (int64_t c0 = 0; c0 < kept; c0 += chunk) {
       auto col = [&](int i) { return c0 + (int64_t(i) * blockDim.x + threadIdx.x) * VEC; };
       Frag<D, VEC> xf[NV];
@@ -354,11 +302,12 @@ __global__ void FLN_MAX_REGS(kLoopRegs) softmax_fwd_loop_kernel(const SoftmaxPar
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
           if (col(i) + k < kept) s += fwd_exp(fma_acc(A(xf[i].get(k)), scale, -base));
-      acc.merge(MaxSum<A>{m, s});
+      const A chunk_ms[2] = {m, s};
+      MaxSumOp::merge(r, chunk_ms);
     }
-    const MaxSum<A> r = reduce_max_sum<false>(acc, int(blockDim.x), sh, round++);
-    const A base = r.m == neg_inf<A>() ? A(0) : r.m;  // a row of -inf: S = 0, so y is NaN
-    const A inv = A(1) / r.s, log_s = log_acc(r.s);
+    red.reduce(r);
+    const A base = r[0] == neg_inf<A>() ? A(0) : r[0];  // a row of -inf: S = 0, so y is NaN
+    const A inv = A(1) / r[1], log_s = log_acc(r[1]);
     D* y = static_cast<D*>(p.out) + row * p.out_stride;
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
       auto col = [&](int i) { return c0 + (int64_t(i) * blockDim.x + threadIdx.x) * VEC; };
@@ -414,7 +363,7 @@ __global__ void FLN_MAX_REGS(kLoopRegs) softmax_bwd_loop_kernel(const SoftmaxPar
         for (int k = 0; k < VEC; ++k)
           if (col(i) + k < kept) s[0] += kLog ? A(gf[i].get(k)) : bwd_term<false>(A(yf[i].get(k)), A(gf[i].get(k)));
     }
-    red.sum(s);
+    red.reduce(s);
     D* dx = static_cast<D*>(p.out) + row * p.out_stride;
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
       auto col = [&](int i) { return c0 + (int64_t(i) * blockDim.x + threadIdx.x) * VEC; };
