@@ -94,7 +94,7 @@ if has_stage tests; then
   XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 8"   # parallel workers share the GPU
   rm -f /tmp/fln_junit_$PART.xml /tmp/fln_junit_slow.xml  # a run that writes none must not count an old one
   # shellcheck disable=SC2086  # SELECT is a list of paths and options
-  $PY -m pytest $SELECT $XDIST -m "not slow" -q -rs -p no:cacheprovider --junitxml=/tmp/fln_junit_$PART.xml $* 2>&1 \
+  $PY -m pytest $SELECT $XDIST -m "not slow" -q -rs --durations=20 -p no:cacheprovider --junitxml=/tmp/fln_junit_$PART.xml $* 2>&1 \
     | tee "$LOG/pytest_$PART.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   if [ "$PART" = 1 ]; then

@@ -4,8 +4,11 @@ Run from the repository root: ``python -m pytest tests/python``.
 Inputs are random but seeded per test (from the test id); set FLN_TEST_SEED=<n>
 to draw a different set of inputs for every test.
 """
+import fcntl
+import gc
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -22,6 +25,11 @@ def pytest_configure(config):
         "(compute-sanitizer python -m pytest tests/python -m sanitize)",
     )
     config.addinivalue_line("markers", "slow: large tests (seconds each)")
+    config.addinivalue_line(
+        "markers",
+        "big_memory: needs several GB of GPU memory; parallel workers (pytest -n) run such "
+        "tests one at a time (a file lock), so that they do not run the GPU out of memory",
+    )
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=requires_cuda)])
@@ -40,3 +48,20 @@ def seed(request):
 def _seed_global_rng(seed):
     # Helpers draw from explicit generators; this covers anything using the global RNG.
     torch.manual_seed(seed)
+
+
+@pytest.fixture(autouse=True)
+def _one_big_memory_test_at_a_time(request):
+    if request.node.get_closest_marker("big_memory") is None:
+        yield
+        return
+    with open(os.path.join(tempfile.gettempdir(), "fused_layernorm_big_memory.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            # Give the memory back before the next such test, which may be another process's.
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -211,6 +211,7 @@ def _ticket_rows():
     return 25 * torch.cuda.get_device_properties(0).multi_processor_count + 7
 
 
+@pytest.mark.big_memory  # float64 references of ~3300 long rows: several GB
 @kinds
 @pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 65536), (torch.float16, 65536), (torch.float32, 32768),
                                           (torch.bfloat16, 49160), (torch.float64, 12288), (torch.float64, 16384)],
@@ -231,6 +232,7 @@ def test_long_rows_from_row_tickets(kind, dtype, hidden, seed):
     assert torch.equal(run_fused(tail, backward=False).y, res.y[-64:])
 
 
+@pytest.mark.big_memory  # float64 references of ~3300 long rows: several GB
 @kinds
 @pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 28672), (torch.float16, 32768), (torch.bfloat16, 40960),
                                           (torch.float32, 16384), (torch.float32, 20480), (torch.bfloat16, 36872)],
@@ -246,6 +248,7 @@ def test_staged_rows_past_reread(kind, dtype, hidden, seed):
     check(make_inputs(kind, (rows, hidden), (hidden,), dtype, "cuda", generator(seed)))
 
 
+@pytest.mark.big_memory  # float64 references of ~3300 long rows: several GB
 @pytest.mark.parametrize("case", ["mean-10", "bias-only", "fp32-weight"])
 def test_row_tickets_other_paths(case, seed):
     """Row tickets (LN bf16 65536, staged clusters, 25 rows an SM plus 7) on
@@ -412,7 +415,7 @@ def test_row_groups_bitwise_deterministic(kind, dtype, seed):
 
 @kinds
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_name)
-@pytest.mark.parametrize("hidden", [256, 1024, 4096, 5120, 6144, 12288])
+@pytest.mark.parametrize("hidden", [256, 1024, 4096, 5120, 6144, pytest.param(12288, marks=pytest.mark.big_memory)])
 def test_backward_many_rows_per_cta(kind, dtype, hidden, seed):
     """Each persistent backward CTA walks many rows, loading the next rows while
     it finishes the current one (a second set of registers, or a ring of

@@ -500,14 +500,25 @@ struct SumOp {
 
 // Merges v with the lanes LANES / 2, ..., 1 away (xor butterfly); every
 // lane shuffles, and a step merges only where `off < active`.
+// Sums take each value's butterfly in turn.
 template <typename Op, int LANES, typename A, int K>
 __device__ __forceinline__ void butterfly_merge(A (&v)[K], int active = LANES) {
+  if constexpr (std::is_same_v<Op, SumOp>) {
 #pragma unroll
-  for (int off = LANES / 2; off > 0; off /= 2) {
-    A o[K];
+    for (int k = 0; k < K; ++k)
 #pragma unroll
-    for (int k = 0; k < K; ++k) o[k] = __shfl_xor_sync(0xffffffffu, v[k], off);
-    if (off < active) Op::merge(v, o);
+      for (int off = LANES / 2; off > 0; off /= 2) {
+        const A o = __shfl_xor_sync(0xffffffffu, v[k], off);
+        if (off < active) v[k] += o;
+      }
+  } else {
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off /= 2) {
+      A o[K];
+#pragma unroll
+      for (int k = 0; k < K; ++k) o[k] = __shfl_xor_sync(0xffffffffu, v[k], off);
+      if (off < active) Op::merge(v, o);
+    }
   }
 }
 
@@ -558,23 +569,20 @@ struct RowReducer {
       // over the warps' partials in every thread ran 3-9 points slower,
       // docs/performance.md v6c.)
       const int src = lane & 15;
-#pragma unroll
-      for (int k = 0; k < K; ++k) v[k] = src < wpr ? s.warp[parity][row_in_cta * wpr + src][k] : Op::template identity<A>(k);
-      butterfly_merge<Op, 16>(v);
+      merge16(v, &s.warp[parity][row_in_cta * wpr], src, wpr);
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (kCluster && csize > 1) {  // one row per CTA: every thread holds the CTA's partials
       const int b = count % NB;
       const uint32_t bar = smem_addr(&s.bar[b]);
       if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, uint32_t(csize * K * sizeof(A) + (tok ? sizeof(int) : 0)));
-      if (threadIdx.x < 32) {
-        if (tok) token = __shfl_sync(0xffffffffu, token, 0);
-        // An asymmetric merge leaves the lanes' results an ulp apart: every
-        // CTA is sent lane 0's, so all CTAs merge the same values.
-        if constexpr (!Op::kSymmetric)
+      if (tok && threadIdx.x < 32) token = __shfl_sync(0xffffffffu, token, 0);
+      // An asymmetric merge leaves the lanes' results an ulp apart: every
+      // CTA is sent lane 0's, so all CTAs merge the same values.
+      if constexpr (!Op::kSymmetric)
+        if (threadIdx.x < 32)
 #pragma unroll
           for (int k = 0; k < K; ++k) v[k] = __shfl_sync(0xffffffffu, v[k], 0);
-      }
       if (threadIdx.x < csize) {  // thread r pushes to CTA r
         const int me = cluster_rank();
         const uint32_t rbar = map_cluster(bar, threadIdx.x);
@@ -586,9 +594,7 @@ struct RowReducer {
       if (tok) token = tok[b];
       // Lane r reads CTA r's partials, then the same butterfly as above.
       const int src = threadIdx.x % 16;
-#pragma unroll
-      for (int k = 0; k < K; ++k) v[k] = src < csize ? s.cta[b][src][k] : Op::template identity<A>(k);
-      butterfly_merge<Op, 16>(v);
+      merge16(v, s.cta[b], src, csize);
     }
 #endif
     ++count;
@@ -602,6 +608,19 @@ struct RowReducer {
   }
 
  private:
+  // v = the merge over 16 lanes of parts[src] (the identity where src >=
+  // count); sums take one value's butterfly after another.
+  __device__ __forceinline__ static void merge16(A (&v)[K], const A (*parts)[K], int src, int count) {
+    if constexpr (std::is_same_v<Op, SumOp>) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] = butterfly_sum<16>(src < count ? parts[src][k] : A(0));
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] = src < count ? parts[src][k] : Op::template identity<A>(k);
+      butterfly_merge<Op, 16>(v);
+    }
+  }
+
   __device__ static int cluster_rank() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     return int(cooperative_groups::this_cluster().block_rank());
