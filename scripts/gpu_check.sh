@@ -136,17 +136,19 @@ if has_stage bench; then
   cp "$RESULTS" /tmp/fln_bench/results.csv /tmp/fln_bench/pct_copy.png "$LOG/" 2>/dev/null
 fi
 # An op benchmark (bench.<module>) into bench/results/<date>-<gpu>-<module>.json and .png.
+# The JSON goes straight to $LOG, rewritten after every case, so a call cut
+# off by its time limit still brings back the cases it finished.
 op_bench() {  # module, title, extra args
   echo "== $2"
-  local res=bench/results/$(date +%F)-$GPU-$1
-  $PY -m fused_layernorm.bench.$1 --out /tmp/fln_$1 $3 2>&1 | tee "$LOG/$1.log" | tail -40
+  local res=bench/results/$(date +%F)-$GPU-$1 t0=$SECONDS
+  $PY -m fused_layernorm.bench.$1 --out "$LOG" $3 2>&1 | tee "$LOG/$1.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  cp /tmp/fln_$1/$1.json "$res.json" 2>/dev/null
-  cp /tmp/fln_$1/$1.png "$res.png" 2>/dev/null
-  cp "$res.json" "$LOG/" 2>/dev/null
+  cp "$LOG/$1.json" "$res.json" 2>/dev/null
+  cp "$LOG/$1.png" "$res.png" 2>/dev/null
+  echo "== $2: $((SECONDS - t0)) s"
 }
 has_stage fused && op_bench fused "fused pre-norm benchmark" "${FUSED_ARGS:-}"
 has_stage rope && op_bench rope "rotary embedding benchmark" "${ROPE_ARGS:-}"
 has_stage softmax && op_bench softmax "softmax benchmark" "${SOFTMAX_ARGS:-}"
-echo "gpu-check status: $status"
+echo "gpu-check status: $status ($SECONDS s)"
 exit $status
