@@ -178,6 +178,31 @@ def test_noncontiguous_expand_hidden_gives_constant_rows(device, seed):
     check(inp)
 
 
+# The CPU backend only, for now: the plain CUDA kernels form xhat as
+# fma(x, rstd, -mean * rstd), which for x == mean leaves the rounding error of
+# mean * rstd (rstd = eps^-1/2 = 316 here), ~1e-4 (docs/design.md, Open); the
+# fused family's CUDA kernels form (x - mean) * rstd and pass (test_add_norm.py).
+@pytest.mark.parametrize("hidden", [256, 4096, 12288, 20480, 32768, 65536, 300000])
+@pytest.mark.parametrize("value", [3.1, -1000.3])
+def test_layer_norm_constant_rows_give_the_bias(hidden, value):
+    """A constant row has zero variance, so xhat = 0 and y is the bias to fp32
+    rounding, as torch's Welford statistics give it; statistics that leave the
+    mean an ulp off (a sum of n copies of 3.1 is not n * 3.1) would give
+    (x - mean) * rstd of ~1e-4 instead."""
+    import fused_layernorm as fl
+
+    device = "cpu"
+
+    rows = max(4, (1 << 20) // hidden)
+    x = torch.full((rows, hidden), value, device=device)
+    gen = generator(hidden)
+    w = randn((hidden,), dtype=torch.float32, device=device, gen=gen)
+    b = randn((hidden,), dtype=torch.float32, device=device, gen=gen)
+    y = fl.layer_norm(x, [hidden], w, b)
+    err = (y - b).abs().max().item()
+    assert err <= 4 * torch.finfo(torch.float32).eps * b.abs().max().item(), f"max |y - bias| {err:.3e}"
+
+
 # --- numerical stability and eps ---------------------------------------------
 
 # Rows of one warp's lanes, of several warps, of a thread-block cluster
