@@ -14,7 +14,7 @@
 # softmax: the softmax benchmark, <date>-<gpu>-softmax.json and .png, SOFTMAX_ARGS).  On a
 # machine that holds a call to ten minutes, run them as separate calls on the
 # same machine: `STAGES=tests TEST_PART=1 make gpu-check`, then `TEST_PART=2`
-# (the suite no longer fits one call), then `STAGES=bench ...`, then
+# and `TEST_PART=3` (the suite no longer fits one call), then `STAGES=bench ...`, then
 # `STAGES=fused ...` (FUSED_ARGS narrows it, e.g. "--hidden 1024,4096").
 # The tests stage leaves its summary in /tmp/fln_test_summary.json for the
 # bench stage, which refuses to write a results file without one for the
@@ -58,27 +58,31 @@ MAX_JOBS=${MAX_JOBS:-16} $PY setup.py build_ext --inplace >"$LOG/build.log" 2>&1
 tail -3 "$LOG/build.log"
 
 if has_stage tests; then
-  # TEST_PART=1 and then TEST_PART=2 (same machine, same commit) split the suite over
-  # two calls of ten minutes: part 1 the C++ tests and the files of PART1_FILES, part 2
-  # the other files, the slow tests, memcheck and the summary of both parts.
+  # TEST_PART=1, 2 and then 3 (same machine, same commit, in order) split the suite
+  # over three calls of ten minutes: part 1 the C++ tests and test_cuda_only.py,
+  # part 2 the files of PART2_FILES, part 3 the other files, the slow tests, memcheck
+  # and the summary of all three.  TEST_PART=all runs everything in one go.
   PART=${TEST_PART:-all}
-  PART1_FILES="tests/python/test_cuda_only.py tests/python/test_softmax.py tests/python/test_rope.py
-    tests/python/test_patch.py tests/python/test_distributed.py"
+  PART1_FILES="tests/python/test_cuda_only.py"
+  PART2_FILES="tests/python/test_softmax.py tests/python/test_rope.py tests/python/test_patch.py
+    tests/python/test_distributed.py"
   case $PART in
     all) SELECT="tests/python" ;;
     1) SELECT="$PART1_FILES" ;;
-    2) SELECT="tests/python $(for f in $PART1_FILES; do printf -- '--ignore=%s ' "$f"; done)" ;;
-    *) echo "gpu-check: TEST_PART must be 1, 2 or all, got '$PART'" >&2; exit 2 ;;
+    2) SELECT="$PART2_FILES" ;;
+    3) SELECT="tests/python $(for f in $PART1_FILES $PART2_FILES; do printf -- '--ignore=%s ' "$f"; done)" ;;
+    *) echo "gpu-check: TEST_PART must be 1, 2, 3 or all, got '$PART'" >&2; exit 2 ;;
   esac
   rm -f "$SUMMARY" "$SUMMARY.commit"
-  if [ "$PART" = 2 ]; then
-    if [ "$(cat /tmp/fln_part1.commit 2>/dev/null)" != "$COMMIT" ]; then
-      echo "gpu-check: no part 1 that passed for $COMMIT on this machine; run TEST_PART=1 first" >&2
+  if [ "$PART" = 2 ] || [ "$PART" = 3 ]; then
+    prev=$((PART - 1))
+    if [ "$(cat /tmp/fln_part$prev.commit 2>/dev/null)" != "$COMMIT" ]; then
+      echo "gpu-check: no part $prev that passed for $COMMIT on this machine; run TEST_PART=$prev first" >&2
       exit 1
     fi
     ctest_summary=$(cat /tmp/fln_part1.ctest)
   else
-    rm -f /tmp/fln_part1.commit
+    rm -f /tmp/fln_part1.commit /tmp/fln_part2.commit
     echo "== C++ tests"
     ctest_summary="not run"
     if cmake -S . -B build-cpp -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-cpp -j 8 >/dev/null; then
@@ -97,10 +101,10 @@ if has_stage tests; then
   $PY -m pytest $SELECT $XDIST -m "not slow" -q -rs --durations=20 -p no:cacheprovider --junitxml=/tmp/fln_junit_$PART.xml $* 2>&1 \
     | tee "$LOG/pytest_$PART.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  if [ "$PART" = 1 ]; then
-    echo "$ctest_summary" >/tmp/fln_part1.ctest
-    [ $status = 0 ] && echo "$COMMIT" >/tmp/fln_part1.commit  # part 2 then adds its counts to these
-    echo "gpu-check: part 1 status $status; run TEST_PART=2 next on this machine"
+  if [ "$PART" = 1 ] || [ "$PART" = 2 ]; then
+    [ "$PART" = 1 ] && echo "$ctest_summary" >/tmp/fln_part1.ctest
+    [ $status = 0 ] && echo "$COMMIT" >/tmp/fln_part$PART.commit  # the next part checks it
+    echo "gpu-check: part $PART status $status ($SECONDS s); run TEST_PART=$((PART + 1)) next on this machine"
     exit $status
   fi
   # The slow tests take several GB each (64-bit offsets): one at a time, after the
@@ -119,7 +123,7 @@ if has_stage tests; then
   fi
 
   junit=/tmp/fln_junit_$PART.xml,/tmp/fln_junit_slow.xml
-  [ "$PART" = 2 ] && junit=/tmp/fln_junit_1.xml,$junit
+  [ "$PART" = 3 ] && junit=/tmp/fln_junit_1.xml,/tmp/fln_junit_2.xml,$junit
   $PY scripts/test_summary.py "$junit" "$ctest_summary" $rc >"$SUMMARY"
   echo "$COMMIT" >"$SUMMARY.commit"
   cp "$SUMMARY" "$LOG/test_summary.json"
