@@ -482,11 +482,10 @@ __device__ __forceinline__ A butterfly_sum(A t) {
 }
 
 // How RowReducer merges two sets of K partials: an op has merge(a, b) (a
-// becomes a merged with b), identity(k) (the value of an empty part) and
-// kSymmetric (merge(a, b) and merge(b, a) give the same bits, so both
-// partners of a butterfly end equal).  SumOp adds.
+// becomes a merged with b) and identity(k) (the value of an empty part).
+// merge(a, b) and merge(b, a) must give the same bits, so that both partners
+// of a butterfly, and so every thread and CTA of a row, end equal.  SumOp adds.
 struct SumOp {
-  static constexpr bool kSymmetric = true;
   template <typename A, int K>
   __device__ __forceinline__ static void merge(A (&a)[K], const A (&b)[K]) {
 #pragma unroll
@@ -577,12 +576,6 @@ struct RowReducer {
       const uint32_t bar = smem_addr(&s.bar[b]);
       if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, uint32_t(csize * K * sizeof(A) + (tok ? sizeof(int) : 0)));
       if (tok && threadIdx.x < 32) token = __shfl_sync(0xffffffffu, token, 0);
-      // An asymmetric merge leaves the lanes' results an ulp apart: every
-      // CTA is sent lane 0's, so all CTAs merge the same values.
-      if constexpr (!Op::kSymmetric)
-        if (threadIdx.x < 32)
-#pragma unroll
-          for (int k = 0; k < K; ++k) v[k] = __shfl_sync(0xffffffffu, v[k], 0);
       if (threadIdx.x < csize) {  // thread r pushes to CTA r
         const int me = cluster_rank();
         const uint32_t rbar = map_cluster(bar, threadIdx.x);

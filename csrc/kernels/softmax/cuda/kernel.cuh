@@ -84,7 +84,6 @@ __device__ __forceinline__ double log_acc(double v) { return log(v); }
 // the same bits (contracted, a * b + c * d is fma(a, b, c * d) one way and
 // fma(c, d, a * b) the other, which may differ in the last bit).
 struct MaxSumOp {
-  static constexpr bool kSymmetric = true;
   template <typename A>
   __device__ __forceinline__ static void merge(A (&a)[2], const A (&b)[2]) {
     const A mx = max_acc(a[0], b[0]);
