@@ -4,9 +4,10 @@
 // for double) by mean_var (norm_cpu.h) over h, which is held in its own
 // dtype; the weight gradients go
 // through per-chunk partial rows added in a fixed order, so they are bitwise
-// reproducible whatever the thread count.  Each optional input or output is
-// a loop of its own, so that every loop but the dropout draws vectorizes;
-// built once per instruction set with the norms (csrc/torch/cpu_kernels.h).
+// reproducible whatever the thread count.  Optional inputs and outputs are
+// compile-time choices (a loop of its own, or one loop per combination), so
+// that every loop but the dropout draws vectorizes; built once per
+// instruction set with the norms (csrc/torch/cpu_kernels.h).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -50,12 +51,16 @@ inline void keep_flags(const DropoutMask& dm, int64_t r, uint8_t* __restrict kee
   }
 }
 
-// v[i] = keep(r, i) ? v[i] * scale : 0; keep is scratch of dm.padded_cols bytes.
-template <typename A>
-inline void apply_dropout(const DropoutMask& dm, int64_t r, int64_t n, A* __restrict v, uint8_t* __restrict keep) {
-  keep_flags(dm, r, keep);
-  const A scale = A(dm.scale);
-  for (int64_t i = 0; i < n; ++i) v[i] = keep[i] ? v[i] * scale : A(0);
+// Calls f with each flag as a std::bool_constant.
+template <typename F>
+inline void with_flags(bool a, bool b, bool c, bool d, F&& f) {
+  auto tag = [](bool v, auto&& g) {
+    if (v) g(std::true_type{});
+    else g(std::false_type{});
+  };
+  tag(a, [&](auto ta) {
+    tag(b, [&](auto tb) { tag(c, [&](auto tc) { tag(d, [&](auto td) { f(ta, tb, tc, td); }); }); });
+  });
 }
 
 }  // namespace add_norm_detail
@@ -165,21 +170,27 @@ void add_norm_bwd(const AddNormBwdParams& p, ParallelFor&& parallel_for) {
         A sum_g, sum_gx;
         lane_sum2<A>(n, [&](int64_t i) { return g[i]; }, [&](int64_t i) { return g[i] * xhat[i]; }, sum_g, sum_gx);
         const A c_g = p.rms ? A(0) : sum_g / A(n), c_gx = sum_gx / A(n);
-        // g becomes dh: the norm's gradient plus the one flowing into h from its other uses.
-        for (int64_t i = 0; i < n; ++i) g[i] = rstd * (g[i] - c_g - xhat[i] * c_gx);
-        if (p.dh) {
-          const R* __restrict dh = static_cast<const R*>(p.dh) + r * p.dh_stride;
-          for (int64_t i = 0; i < n; ++i) g[i] += load_as<A>(dh[i]);
-        }
-        if (p.dresidual) {
-          R* __restrict dres = static_cast<R*>(p.dresidual) + r * n;
-          for (int64_t i = 0; i < n; ++i) dres[i] = store_as<R>(g[i]);
-        }
-        if (p.dx) {
-          if (dropout) apply_dropout(dm, r, n, g, keep.data());
-          T* __restrict dx = static_cast<T*>(p.dx) + r * n;
-          for (int64_t i = 0; i < n; ++i) dx[i] = store_as<T>(g[i]);
-        }
+        // dh, the norm's gradient plus the one flowing into h from its other
+        // uses, stored as dresidual and, dropped out, as dx: one loop for each
+        // combination of outputs, so that every one vectorizes.
+        if (dropout && p.dx) keep_flags(dm, r, keep.data());
+        const R* __restrict dh_in = p.dh ? static_cast<const R*>(p.dh) + r * p.dh_stride : nullptr;
+        R* __restrict dres = p.dresidual ? static_cast<R*>(p.dresidual) + r * n : nullptr;
+        T* __restrict dx = p.dx ? static_cast<T*>(p.dx) + r * n : nullptr;
+        const A scale = A(dm.scale);
+        const uint8_t* __restrict kept = keep.data();
+        with_flags(dh_in != nullptr, dres != nullptr, dx != nullptr, dropout, [&](auto has_dh, auto has_dres, auto has_dx,
+                                                                                 auto drop) {
+          for (int64_t i = 0; i < n; ++i) {
+            A v = rstd * (g[i] - c_g - xhat[i] * c_gx);
+            if constexpr (has_dh) v += load_as<A>(dh_in[i]);
+            if constexpr (has_dres) dres[i] = store_as<R>(v);
+            if constexpr (has_dx) {
+              if constexpr (drop) v = kept[i] ? v * scale : A(0);
+              dx[i] = store_as<T>(v);
+            }
+          }
+        });
       }
     }
   });
