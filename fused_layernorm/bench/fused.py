@@ -7,7 +7,7 @@ layer_norm_fn / rms_norm_fn (residual, dropout, prenorm), quack's
 rmsnorm(residual=..., prenorm=True), Liger's LigerFusedAddRMSNorm, torch eager
 (F.dropout + add + norm) and torch.compile of the same.  Each cell is the
 median GPU time of one call with an L2 flush between calls (without a GPU, or
-with --cpu: the CPU backend against torch, 2^22 elements, wall time), reported
+with --cpu: the CPU backend against torch, 2^22 elements, the fastest wall time), reported
 as % of the device copy bandwidth for the bytes the op must move:
   fwd: x and residual read, y and h written (4 passes);
   bwd: dy, h and the gradient into h read, dx and dresidual written (5 passes

@@ -73,7 +73,8 @@ class Run:
         self.t0 = time.perf_counter()
 
     def time_us(self, fn: Callable[[], object]) -> float:
-        """Median time of one call of fn: GPU time with L2 flushed between calls, or host wall time."""
+        """Time of one call of fn: the median GPU time with L2 flushed between calls, or the
+        fastest host wall time."""
         if self.device == "cuda":
             return timing.cuda_time_us(fn, self.reps, 3, self.flush)[0]
         return timing.host_time_us(fn, warmup=2, min_reps=5, max_reps=self.reps, budget_s=1.0)[0]

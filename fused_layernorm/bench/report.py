@@ -60,7 +60,8 @@ def summarize(rows: List[dict]) -> List[dict]:
 
 
 LEGEND = """legend:
-  time_us  median GPU time of one call (CUDA events, L2 flushed between calls; CPU: wall time)
+  time_us  median GPU time of one call (CUDA events, L2 flushed between calls; CPU: the
+           fastest wall time of its calls, since other load only slows a call down)
   GB/s     the fewest bytes the call must move (every tensor read or written once) over that time
   %copy    GB/s as % of a device-to-device copy measured in the same run
   status   ok: verified against torch in float32 on the upcast inputs, then timed

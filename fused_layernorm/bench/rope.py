@@ -10,7 +10,7 @@ out as Hugging Face makes them: a projection [batch, seq, heads, head_dim] viewe
 [batch, heads, seq, head_dim] (2^27 elements of q and k together by default; GQA
 with --kv-heads).  Each cell is the median GPU time of one call with an L2 flush
 between calls (without a GPU, or with --cpu: the CPU backend against torch, 2^22
-elements, wall time), reported as % of the device copy bandwidth for the bytes the op
+elements, the fastest wall time), reported as % of the device copy bandwidth for the bytes the op
 must move: q and k read once and written once (cos and sin are small and cached,
 so not counted), forward and backward alike.  Every peer is verified first (its
 outputs and the gradients of q and k against a float32 reference of the formula);

@@ -81,8 +81,9 @@ def _verify(plan: Plan, peer, op, dtype, inp, ref, dirs):
 def run_large(plan: Plan, peers) -> List[dict]:
     """Per case: every peer verified, then the verified peers timed in turns,
     the order reversed each round, and each cell the median of its rounds'
-    reps pooled.  Where a peer runs in the case's sequence moves its cells by
-    up to a point either way, so every peer takes each place."""
+    reps pooled (on the CPU the fastest of them: timing.host_time_us).  Where
+    a peer runs in the case's sequence moves its cells by up to a point either
+    way, so every peer takes each place."""
     rows: List[dict] = []
     flush = timing.L2Flush(plan.device) if plan.device == "cuda" else None
     reps = max(1, -(-plan.reps // plan.rounds))  # per round, rounded up: the rounds take at least plan.reps
@@ -149,8 +150,8 @@ def _run_case(plan: Plan, peers, op, dtype, hidden, reps, time_it) -> List[dict]
         for d in dirs:
             key = (peer.name, d)
             if key not in done:
-                done[key] = _cell(base, d, "ok", chk.errors, "",
-                                  statistics.median(samples[key]))
+                pooled = statistics.median if plan.device == "cuda" else min
+                done[key] = _cell(base, d, "ok", chk.errors, "", pooled(samples[key]))
     for peer in peers:  # rows in the peers' order
         for d in plan.directions:
             if (peer.name, d) in done:

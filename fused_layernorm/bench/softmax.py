@@ -5,7 +5,7 @@ Softmax over the last dim of a [rows, cols] matrix (2^27 elements by default, ro
 2^27 / cols) against the peers: torch eager (torch.softmax), torch.compile of it, quack's
 softmax (CuTe DSL, sm_90) and Liger's LigerSoftmaxFunction (Triton).  Each cell is the
 median GPU time of one call with an L2 flush between calls (without a GPU, or with --cpu:
-the CPU backends against torch, 2^22 elements, wall time), reported as % of the device
+the CPU backends against torch, 2^22 elements, the fastest wall time), reported as % of the device
 copy bandwidth measured in the same run, for the bytes the op must move: forward reads x
 and writes y (2 x bytes); backward reads y and dy and writes dx (3 x bytes).  Every peer
 is verified first (y and dx against a float32 reference); one that fails is reported
