@@ -194,18 +194,8 @@ void add_norm_bwd(const AddNormBwdParams& p, ParallelFor&& parallel_for) {
       }
     }
   });
-  if (!want_w) return;
-  // Fixed-order finalize: chunk 0, 1, ... added into each column.
-  std::vector<A> sw(size_t(n), A(0)), sb(size_t(n), A(0));
-  for (int64_t c = 0; c < chunks; ++c)
-    for (int64_t i = 0; i < n; ++i) {
-      sw[i] += part_w[c * n + i];
-      sb[i] += part_b[c * n + i];
-    }
-  for (int64_t i = 0; i < n; ++i) {
-    if (p.dw) static_cast<W*>(p.dw)[i] = store_as<W>(sw[i]);
-    if (p.db) static_cast<W*>(p.db)[i] = store_as<W>(sb[i]);
-  }
+  finalize_weight_grads(part_w.data(), part_b.data(), chunks, n, static_cast<W*>(p.dw), static_cast<W*>(p.db),
+                        parallel_for);
 }
 
 }  // namespace FLN_CPU_ISA

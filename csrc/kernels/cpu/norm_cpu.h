@@ -309,6 +309,24 @@ void finalize_partials(const A* parts, int64_t nparts, int64_t cols, int64_t beg
 // Columns per finalize task.
 inline constexpr int64_t kFinalizeCols = 1024;
 
+// dw and db (either may be null) from the chunks' partial rows, added in chunk
+// order, columns in parallel; zeros when there were no rows.
+template <typename W, typename A, typename ParallelFor>
+void finalize_weight_grads(const A* part_w, const A* part_b, int64_t chunks, int64_t n, W* dw, W* db,
+                           ParallelFor&& pf) {
+  if (!dw && !db) return;
+  if (chunks == 0) {
+    if (dw) std::fill(dw, dw + n, store_as<W>(A(0)));
+    if (db) std::fill(db, db + n, store_as<W>(A(0)));
+    return;
+  }
+  pf((n + kFinalizeCols - 1) / kFinalizeCols, [&](int64_t b, int64_t e) {
+    const int64_t begin = b * kFinalizeCols, end = std::min(n, e * kFinalizeCols);
+    if (dw) finalize_partials(part_w, chunks, n, begin, end, dw);
+    if (db) finalize_partials(part_b, chunks, n, begin, end, db);
+  });
+}
+
 // Whole ops.  ParallelFor is callable as pf(n, fn) and must call fn(begin, end)
 // over a partition of [0, n); a serial loop is a valid choice.
 template <typename T, typename W, typename ParallelFor>
@@ -325,17 +343,7 @@ void norm_bwd(const BwdParams& p, ParallelFor&& pf) {
   pf(chunks, [&](int64_t b, int64_t e) {
     norm_bwd_chunks<T, W>(p, b, e, p.dw ? part_w.data() : nullptr, p.db ? part_b.data() : nullptr);
   });
-  if (!p.dw && !p.db) return;
-  if (chunks == 0) {  // no rows: the gradients are zero
-    if (p.dw) std::fill(static_cast<W*>(p.dw), static_cast<W*>(p.dw) + n, store_as<W>(A(0)));
-    if (p.db) std::fill(static_cast<W*>(p.db), static_cast<W*>(p.db) + n, store_as<W>(A(0)));
-    return;
-  }
-  pf((n + kFinalizeCols - 1) / kFinalizeCols, [&](int64_t b, int64_t e) {
-    const int64_t begin = b * kFinalizeCols, end = std::min(n, e * kFinalizeCols);
-    if (p.dw) finalize_partials(part_w.data(), chunks, n, begin, end, static_cast<W*>(p.dw));
-    if (p.db) finalize_partials(part_b.data(), chunks, n, begin, end, static_cast<W*>(p.db));
-  });
+  finalize_weight_grads(part_w.data(), part_b.data(), chunks, n, static_cast<W*>(p.dw), static_cast<W*>(p.db), pf);
 }
 
 inline auto serial_for() {

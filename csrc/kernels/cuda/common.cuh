@@ -564,9 +564,8 @@ struct RowReducer {
         for (int k = 0; k < K; ++k) s.warp[parity][warp][k] = v[k];
       __syncthreads();
       // Lane w of every warp loads warp w's partial (lanes 16-31 repeat
-      // lanes 0-15), then a butterfly merges them.  (H200: a sequential loop
-      // over the warps' partials in every thread ran 3-9 points slower,
-      // docs/performance.md v6c.)
+      // lanes 0-15), then a butterfly merges them: four shuffles, where a
+      // loop over the warps' partials in every thread is up to 16 loads.
       const int src = lane & 15;
       merge16(v, &s.warp[parity][row_in_cta * wpr], src, wpr);
     }
