@@ -37,8 +37,9 @@ def parse_args(argv=None):
     p.add_argument("--compile-dtypes", type=_csv(str), default=["bf16"],
                    help="dtypes torch.compile is run for (default bf16; 'none' for no compile)")
     p.add_argument("--reps", type=int, help="timed reps per measurement (default 25 GPU, 10 CPU)")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="turns of a case's peers, the order reversed each round; the reps split over them")
+    p.add_argument("--rounds", type=int,
+                   help="turns of a case's peers, the order reversed each round; the reps split over them "
+                        "(default 2 GPU; CPU: one call a peer a turn, so that a shared host's load hits all alike)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--log2-numel", type=int, default=cases.LOG2_NUMEL,
                    help="GPU cases hold 2**N elements, rows = 2**N // hidden (default 27)")
@@ -114,9 +115,10 @@ def main(argv=None) -> int:
         directions = a.directions or cases.CPU_DIRECTIONS
         rows_for = lambda h: cases.CPU_ROWS  # noqa: E731
     table = report.Table()
+    reps = a.reps or (25 if gpu else 10)
     plan = runner.Plan(device=device, ops=a.ops or cases.OPS, dtypes=dtypes, hidden=hidden,
-                       directions=directions, rows_for=rows_for, reps=a.reps or (25 if gpu else 10),
-                       rounds=a.rounds, warmup=a.warmup, copy_gbps=copy["gbps"], emit=table)
+                       directions=directions, rows_for=rows_for, reps=reps,
+                       rounds=a.rounds or (2 if gpu else reps), case_budget_s=0.0 if gpu else 1.0, warmup=a.warmup, copy_gbps=copy["gbps"], emit=table)
     rows = runner.run_large(plan, peers)
 
     if plan.interrupted:

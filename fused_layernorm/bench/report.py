@@ -65,7 +65,8 @@ LEGEND = """legend:
   GB/s     the fewest bytes the call must move (every tensor read or written once) over that time
   %copy    GB/s as % of a device-to-device copy measured in the same run
   status   ok: verified against torch in float32 on the upcast inputs, then timed
-           WRONG: failed that check and was not timed; the measured errors follow, each
+           WRONG: failed that check (timed all the same, left out of the summary and
+             the plot); the measured errors follow, each
              max |a - ref| / (rms(ref) + |ref|) for y and dx, ||a - ref|| / ||ref|| for dw and db,
              against the limits {limits}
              (torch's own CPU bf16 backward fails it: its dweight is about 5% off)

@@ -26,6 +26,10 @@ class Plan:
     rows_for: Callable[[int], int]
     reps: int = 25  # timed calls a cell, split over the rounds (rounded up)
     rounds: int = 2  # turns of the case's peers, the order reversed each round
+    # more turns, up to 5x rounds, while a case's timing has taken less than this
+    # (the CPU: its cheap cells swing with a shared host's load; the fastest of
+    # more interleaved calls is steadier)
+    case_budget_s: float = 0.0
     warmup: int = 3
     copy_gbps: float = 0.0
     emit: Callable[[dict], None] = print
@@ -88,10 +92,12 @@ def run_large(plan: Plan, peers) -> List[dict]:
     flush = timing.L2Flush(plan.device) if plan.device == "cuda" else None
     reps = max(1, -(-plan.reps // plan.rounds))  # per round, rounded up: the rounds take at least plan.reps
 
-    def time_it(fn):
+    def time_it(fn, first_round):
         if flush is not None:
             return timing.cuda_time_us(fn, reps, plan.warmup, flush)
-        return timing.host_time_us(fn, warmup=min(plan.warmup, 2), max_reps=reps)
+        # the host warms a call once a case: a turn of one call stays one call
+        return timing.host_time_us(fn, warmup=min(plan.warmup, 2) if first_round else 0,
+                                   min_reps=1, max_reps=reps)
 
     try:
         for op in plan.ops:
@@ -102,6 +108,15 @@ def run_large(plan: Plan, peers) -> List[dict]:
         plan.interrupted = True
         print(f"\ninterrupted: {len(rows)} rows of finished cases kept")
     return rows
+
+
+def _rounds(plan: Plan):
+    """A case's round numbers: plan.rounds of them, then more (up to 5x) while
+    the case has taken less than plan.case_budget_s."""
+    t0, rnd = time.perf_counter(), 0
+    while rnd < plan.rounds or (rnd < 5 * plan.rounds and time.perf_counter() - t0 < plan.case_budget_s):
+        yield rnd
+        rnd += 1
 
 
 def _run_case(plan: Plan, peers, op, dtype, hidden, reps, time_it) -> List[dict]:
@@ -123,12 +138,9 @@ def _run_case(plan: Plan, peers, op, dtype, hidden, reps, time_it) -> List[dict]
                 done[(peer.name, d)] = _cell(base, d, "ERROR", {}, _first_line(e))
             _cleanup(plan.device)
             continue
-        for d in dirs:
-            if not chk.ok_for(d):
-                done[(peer.name, d)] = _cell(base, d, "WRONG", chk.errors, "")
         ready.append((peer, base, bound, chk, dirs))
     samples: Dict[tuple, List[float]] = {}
-    for rnd in range(plan.rounds):
+    for rnd in _rounds(plan):
         for peer, base, bound, chk, dirs in (ready if rnd % 2 == 0 else ready[::-1]):
             for d in dirs:
                 key = (peer.name, d)
@@ -139,7 +151,7 @@ def _run_case(plan: Plan, peers, op, dtype, hidden, reps, time_it) -> List[dict]
                 try:
                     fn, mode = _call_for(d, bound, inp, dy)
                     with mode():
-                        _, ts = time_it(fn)
+                        _, ts = time_it(fn, rnd == 0)
                     samples.setdefault(key, []).extend(ts)
                 except Exception as e:
                     done[key] = _cell(base, d, "ERROR", chk.errors, _first_line(e))
@@ -151,7 +163,10 @@ def _run_case(plan: Plan, peers, op, dtype, hidden, reps, time_it) -> List[dict]
             key = (peer.name, d)
             if key not in done:
                 pooled = statistics.median if plan.device == "cuda" else min
-                done[key] = _cell(base, d, "ok", chk.errors, "", pooled(samples[key]))
+                # a peer that failed verification is timed all the same: its
+                # speed is worth knowing, and the summary takes only "ok" cells
+                status = "ok" if chk.ok_for(d) else "WRONG"
+                done[key] = _cell(base, d, status, chk.errors, "", pooled(samples[key]))
     for peer in peers:  # rows in the peers' order
         for d in plan.directions:
             if (peer.name, d) in done:

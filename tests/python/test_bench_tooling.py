@@ -25,7 +25,7 @@ def test_results_refuse_abbreviated_commit(monkeypatch, tmp_path, capsys):
 def test_peers_take_turns_in_reversed_order(monkeypatch):
     """Each round times every verified peer, the order reversed each round; a
     cell is the fastest of its rounds' reps pooled (on the CPU; the GPU takes the
-    median); a wrong peer is never timed."""
+    median); a peer that fails verification is timed too and stays WRONG."""
     import torch.nn.functional as F
     from fused_layernorm.bench import peers as peers_mod, runner
 
@@ -54,12 +54,12 @@ def test_peers_take_turns_in_reversed_order(monkeypatch):
                        directions=["fwd"], rows_for=lambda h: 8, reps=4, rounds=3, warmup=0,
                        copy_gbps=1.0, emit=emitted.append)
     rows = runner.run_large(plan, [peer("a", 1.0), peer("wrong", 2.0), peer("b", 1.0)])
-    assert timed == ["a", "b", "b", "a", "a", "b"]
+    assert timed == ["a", "wrong", "b", "b", "wrong", "a", "a", "wrong", "b"]
     by_peer = {r["peer"]: r for r in rows}
     assert [r["peer"] for r in rows] == ["a", "wrong", "b"] == [r["peer"] for r in emitted]
-    assert by_peer["wrong"]["status"] == "WRONG" and by_peer["wrong"]["time_us"] is None
-    assert by_peer["a"]["time_us"] == 1.0      # fastest of [1, 1, 4, 4, 5, 5]
-    assert by_peer["b"]["time_us"] == 2.0      # fastest of [2, 2, 3, 3, 6, 6]
+    assert by_peer["wrong"]["status"] == "WRONG" and by_peer["wrong"]["time_us"] == 2.0  # timed, still WRONG
+    assert by_peer["a"]["time_us"] == 1.0      # fastest of [1, 1, 6, 6, 7, 7]
+    assert by_peer["b"]["time_us"] == 3.0      # fastest of [3, 3, 4, 4, 9, 9]
     assert by_peer["a"]["status"] == by_peer["b"]["status"] == "ok"
 
 
