@@ -74,30 +74,6 @@ __device__ __forceinline__ float fwd_exp(float v) {
   return r;
 }
 __device__ __forceinline__ double fwd_exp(double v) { return exp(v); }
-
-// f(e) with e(x) = exp(scale x - base), base >= every scale x that counts.
-// 16-bit rows are bound by instructions, so there log2 e is folded into the
-// scale, 2^(x s2 - b2), one FFMA and one MUFU an element.  Its error in the
-// exponent, about (|z| + |base|) 2^-23, stays under a 16-bit output's last
-// bit while |base| <= 512 (attention's logits; elements 100 under the base
-// vanish); past that, and for fp32, whose last bit it would reach, z - base is
-// formed first in one FMA.  The branch is uniform a thread: f is compiled twice.
-constexpr float kFoldMaxBase = 512.f;
-template <typename T, typename A, typename F>
-__device__ __forceinline__ void with_fwd_exp(A scale, A base, F&& f) {
-  if constexpr (sizeof(T) == 2) {
-    if (scale > A(0) && fabsf(base) <= kFoldMaxBase) {
-      const float s2 = scale * 1.4426950408889634f, b2 = base * 1.4426950408889634f;
-      f([=](float x) {
-        float r;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(x, s2, -b2)));
-        return r;
-      });
-      return;
-    }
-  }
-  f([=](A x) { return fwd_exp(fma_acc(x, scale, -base)); });
-}
 __device__ __forceinline__ float log_acc(float v) { return logf(v); }
 __device__ __forceinline__ double log_acc(double v) { return log(v); }
 
@@ -186,23 +162,14 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
         for (int k = 0; k < VEC; ++k) f(k);
       }
     };
-    // max(scale x): for scale > 0 the max of x, scaled once (rounding is
-    // monotonic, so the same bits).
     A m = neg_inf<A>();
-    if (scale > A(0)) {
 #pragma unroll
-      for (int i = 0; i < NV; ++i) each_kept(i, [&](int k) { m = max_acc(m, A(xf[i].get(k))); });
-      m *= scale;
-    } else {
-#pragma unroll
-      for (int i = 0; i < NV; ++i) each_kept(i, [&](int k) { m = max_acc(m, A(xf[i].get(k)) * scale); });
-    }
+    for (int i = 0; i < NV; ++i) each_kept(i, [&](int k) { m = max_acc(m, A(xf[i].get(k)) * scale); });
     const A base = m == neg_inf<A>() ? A(0) : m;
     A s = A(0);
-    with_fwd_exp<T>(scale, base, [&](auto e) {
 #pragma unroll
-      for (int i = 0; i < NV; ++i) each_kept(i, [&](int k) { s += e(A(xf[i].get(k))); });
-    });
+    for (int i = 0; i < NV; ++i)
+      each_kept(i, [&](int k) { s += fwd_exp(fma_acc(A(xf[i].get(k)), scale, -base)); });
     A r[2] = {m, s};  // the row's (M, S)
     red.reduce(r);
     if (!live) continue;
@@ -213,20 +180,20 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
     const A inv = A(1) / r[1];
     const A log_s = kLog ? log_acc(r[1]) : A(0);
     D* y = static_cast<D*>(p.out) + row * p.out_stride;
-    auto store_row = [&](auto value) {  // y = value(x) at kept columns
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int64_t c = col(i);
-        if (c >= n) continue;
-        A o[VEC];
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = col(i);
+      if (c >= n) continue;
+      A o[VEC];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] = kLog ? neg_inf<A>() : A(0);
-        each_kept(i, [&](int k) { o[k] = value(A(xf[i].get(k))); });
-        store_vec(y + c, o);
-      }
-    };
-    if constexpr (kLog) store_row([&](A v) { return fma_acc(v, scale, -row_base) - log_s; });  // z - M - log S
-    else with_fwd_exp<T>(scale, row_base, [&](auto e) { store_row([&](A v) { return e(v) * inv; }); });
+      for (int k = 0; k < VEC; ++k) o[k] = kLog ? neg_inf<A>() : A(0);
+      each_kept(i, [&](int k) {
+        const A v = A(xf[i].get(k));
+        const A d = fma_acc(v, scale, -row_base);  // z - M
+        o[k] = kLog ? d - log_s : fwd_exp(d) * inv;
+      });
+      store_vec(y + c, o);
+    }
   }
   red.finish();
 }
