@@ -91,7 +91,7 @@ def main(argv=None) -> int:
           + (" (dirty)" if env["dirty"] else ""))
 
     peers, unavailable, skipped = peers_mod.load_peers(a.peers, device, a.compile_dtypes)
-    notes = []
+    notes = [] if gpu else [timing.steady_host_allocator()]
     if unavailable:
         notes.append("not installed: " + "; ".join(f"{k} ({v})" for k, v in unavailable.items()))
     if skipped:

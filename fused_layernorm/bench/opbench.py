@@ -61,9 +61,11 @@ class Run:
         self.name, self.peers, self.missing, self.config, self.reps = name, list(peers), missing, config, reps
         self.device = device
         self.env = report.environment(device)
+        self.allocator = timing.steady_host_allocator() if device == "cpu" else None
         self.where = self.env["gpu_name"] if device == "cuda" else f"cpu ({self.env['cpu_threads']} threads)"
         print(f"{name} bench: {self.where}, git {self.env['commit']}; peers {', '.join(self.peers)}"
-              + (f"; not run: {missing}" if missing else ""), flush=True)
+              + (f"; not run: {missing}" if missing else "") + (f"; {self.allocator}" if self.allocator else ""),
+              flush=True)
         self.copy = timing.copy_bandwidth(device, nbytes=1 << 30 if device == "cuda" else 1 << 28)
         print(f"copy bandwidth {self.copy['gbps']:.0f} GB/s", flush=True)
         self.flush = timing.L2Flush(device) if device == "cuda" else None
@@ -119,7 +121,8 @@ class Run:
     def write(self):
         doc = dict(schema=f"fused_layernorm.bench.{self.name}/1", **self.env,
                    copy_bandwidth_gbps=self.copy["gbps"], peers_available=self.peers,
-                   peers_unavailable=self.missing, rows=self.rows, config=dict(self.config, reps=self.reps))
+                   peers_unavailable=self.missing, rows=self.rows, config=dict(self.config, reps=self.reps),
+                   **({"host_allocator": self.allocator} if self.allocator else {}))
         (self.out / f"{self.name}.json").write_text(json.dumps(doc, indent=1))
 
     def finish(self, plot: Callable[[List[dict], Path, str], object]) -> int:
