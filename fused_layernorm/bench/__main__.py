@@ -118,7 +118,8 @@ def main(argv=None) -> int:
     reps = a.reps or (25 if gpu else 10)
     plan = runner.Plan(device=device, ops=a.ops or cases.OPS, dtypes=dtypes, hidden=hidden,
                        directions=directions, rows_for=rows_for, reps=reps,
-                       rounds=a.rounds or (2 if gpu else reps), case_budget_s=0.0 if gpu else 1.0, warmup=a.warmup, copy_gbps=copy["gbps"], emit=table)
+                       rounds=a.rounds or (2 if gpu else reps), case_budget_s=0.0 if gpu else 1.0,
+                       warmup=a.warmup, copy_gbps=copy["gbps"], emit=table)
     rows = runner.run_large(plan, peers)
 
     if plan.interrupted:

@@ -4,9 +4,9 @@
 // Every inner loop is a plain loop over contiguous arrays, so the compiler
 // vectorises it; 16-bit values are converted in registers by branch-free
 // selects (dtypes.h), or, where a row is read several times (the LayerNorm
-// statistics' blocks, the backward), into a float scratch row first.  Built once per instruction set
-// (FLN_CPU_ISA names the inline namespace, so the builds never collide at
-// link time; see csrc/torch/cpu_backend.cpp).
+// statistics' blocks, the backward), into a float scratch row first.  Built
+// once per instruction set (FLN_CPU_ISA names the inline namespace, so the
+// builds never collide at link time; see csrc/torch/cpu_backend.cpp).
 //
 // Forward, per row: mean and variance (LayerNorm; mean_var below: one pass
 // over memory, accurate when |mean| >> std) or the mean square (RMSNorm), then
@@ -146,7 +146,8 @@ inline void normalize_row(const X* __restrict x, int64_t n, A mean, A rstd, cons
                           const P* __restrict b, D* __restrict out) {
   auto xv = [&](int64_t i) { return load_as<A>(x[i]); };
   if (w && b)
-    for (int64_t i = 0; i < n; ++i) out[i] = store_as<D>((xv(i) - mean) * rstd * load_as<A>(w[i]) + load_as<A>(b[i]));
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = store_as<D>((xv(i) - mean) * rstd * load_as<A>(w[i]) + load_as<A>(b[i]));
   else if (w)
     for (int64_t i = 0; i < n; ++i) out[i] = store_as<D>((xv(i) - mean) * rstd * load_as<A>(w[i]));
   else if (b)
