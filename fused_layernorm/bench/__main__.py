@@ -7,7 +7,9 @@ per-call costs of tiny batches.  CPU mode: our CPU backend against torch on a fe
 shapes.  Exits 1 when our op fails verification (the results are written anyway).
 """
 import argparse
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,8 +74,23 @@ def parse_args(argv=None):
     return a
 
 
+def _interrupt_on_sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
+    # `timeout` and a machine's time limit send SIGTERM: keep the finished cases, as for Ctrl-C.
+    if threading.current_thread() is not threading.main_thread():
+        return _run(a)
+    previous = signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    try:
+        return _run(a)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(a) -> int:
     t_start = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() and not a.cpu else "cpu"
     gpu = device == "cuda"

@@ -180,6 +180,13 @@ def write_json(paths: List[Path], doc: dict):
         p.write_text(text + "\n")
 
 
+def _peer_color(peer: str) -> str:
+    """A peer keeps its colour in every panel: matplotlib's cycle indexed by the peer list."""
+    from .peers import ALL_PEERS, OPT_IN_PEERS
+    names = list(ALL_PEERS) + list(OPT_IN_PEERS)
+    return f"C{names.index(peer) % 10}" if peer in names else "black"
+
+
 def plot(out_dir: Path, rows: List[dict], copy_gbps: float) -> List[Path]:
     """One PNG: a subplot per (dtype, op) row and direction column, a line per peer,
     % of copy bandwidth against the hidden size."""
@@ -205,7 +212,7 @@ def plot(out_dir: Path, rows: List[dict], copy_gbps: float) -> List[Path]:
             sel = [r for r in ok if r["dtype"] == dtype and r["op"] == op and r["direction"] == d]
             for peer in dict.fromkeys(r["peer"] for r in sel):
                 pts = sorted((r["hidden"], r["pct_copy"]) for r in sel if r["peer"] == peer)
-                ax.plot(*zip(*pts), marker="o", ms=3, label=peer,
+                ax.plot(*zip(*pts), marker="o", ms=3, label=peer, color=_peer_color(peer),
                         lw=2.5 if peer == "ours" else 1.2, zorder=3 if peer == "ours" else 2)
             ax.set_xscale("log", base=2)
             ax.set_ylim(0, ymax)

@@ -181,3 +181,33 @@ def test_op_bench_on_cpu(bench, args, tmp_path, capsys):
     assert ours and all(r["status"] == "ok" and r["pct_copy"] > 0 for r in ours)
     assert {r["status"] for r in doc["rows"] if r["peer"] == "torch"} <= {"ok", "WRONG"}
     assert "GPU only" in capsys.readouterr().out
+
+
+def test_sigterm_keeps_finished_cases(monkeypatch, tmp_path):
+    """`timeout` ends a run with SIGTERM: the cases finished before it are written, marked
+    incomplete, as after Ctrl-C."""
+    import json
+    import os
+    import signal
+    from fused_layernorm.bench import runner
+
+    monkeypatch.setenv("FLN_GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("FLN_GIT_DIRTY", "0")
+    run_case, calls = runner._run_case, []
+
+    def stop_at_second_case(plan, peers, op, dtype, hidden, *args):
+        calls.append(hidden)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return run_case(plan, peers, op, dtype, hidden, *args)
+
+    monkeypatch.setattr(runner, "_run_case", stop_at_second_case)
+    res = tmp_path / "r.json"
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["--cpu", "--ops", "layernorm", "--hidden", "128,256", "--dtypes", "fp32", "--directions", "fwd",
+                 "--reps", "1", "--rounds", "1", "--warmup", "0", "--out", str(tmp_path / "o"),
+                 "--results", str(res)]) == 0
+    assert signal.getsignal(signal.SIGTERM) is before
+    doc = json.loads(res.read_text())
+    assert calls == [128, 256] and not doc["complete"]
+    assert {r["hidden"] for r in doc["rows"]} == {128}
