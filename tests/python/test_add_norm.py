@@ -50,8 +50,8 @@ def check(actual, expected, dtype, n, *, scale=1.0, what="y"):
     """|actual - expected| <= atol + rtol |expected| + u (8 + sqrt(n)) * scale, element-wise."""
     assert actual.dtype == dtype, f"{what}: dtype {actual.dtype}, expected {dtype}"
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
-    a = actual.detach().double().cpu()
-    e = expected.detach().to(dtype).double().cpu()
+    a = actual.detach().double()  # compared where it lies: the GPU's float64 is IEEE too
+    e = expected.detach().to(dtype).double().to(a.device)
     assert torch.isfinite(a).all(), f"{what}: non-finite values"
     u = unit_roundoff(dtype) if dtype == torch.float64 else 2.0**-24
     tol = ATOL[dtype] + RTOL[dtype] * e.abs() + 16 * u * (8 + math.sqrt(n)) * scale

@@ -55,7 +55,8 @@ def check(actual, expected, dtype, scale, what):
     after the fp32 (fp64) products and sum, whose terms are at most `scale` in size."""
     assert actual.dtype == dtype, f"{what}: dtype {actual.dtype}, expected {dtype}"
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
-    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    a = actual.detach().double()  # compared where it lies: the GPU's float64 is IEEE too
+    e = expected.detach().double().to(a.device)
     assert torch.isfinite(a).all(), f"{what}: non-finite values (an element never written?)"
     tol = ULP[dtype] * e.abs() + 8 * compute_u(dtype) * scale + 1e-30
     err = (a - e).abs()

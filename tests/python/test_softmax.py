@@ -73,8 +73,9 @@ def check(actual, expected, dtype, slack, what, n):
     match exactly."""
     assert actual.dtype == dtype, f"{what}: dtype {actual.dtype}, expected {dtype}"
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
-    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
-    slack = torch.as_tensor(slack).double().cpu()
+    a = actual.detach().double()  # compared where it lies: the GPU's float64 is IEEE too
+    e = expected.detach().double().to(a.device)
+    slack = torch.as_tensor(slack).double().to(a.device)
     special = ~torch.isfinite(e)
     assert torch.equal(a.isnan(), e.isnan()), f"{what}: NaN where the reference has none (or the reverse)"
     assert torch.equal(a[special & ~e.isnan()], e[special & ~e.isnan()]), f"{what}: infinities differ"
