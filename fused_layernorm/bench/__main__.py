@@ -142,27 +142,33 @@ def _run(a) -> int:
     if plan.interrupted:
         notes.append(f"interrupted: only the {len(rows)} rows of the cases finished before it")
     small_rows = []
-    if gpu and not a.no_small and not plan.interrupted:
-        small_plan = runner.Plan(**{**plan.__dict__, "directions": cases.SMALL_DIRECTIONS,
-                                    "verify_s": {}})
-        small_rows = runner.run_small(small_plan, peers, cases.SMALL_ROWS, cases.SMALL_HIDDEN,
-                                      cases.SMALL_DTYPE)
-        for k, v in small_plan.verify_s.items():
-            plan.verify_s[k] = plan.verify_s.get(k, 0.0) + v
-
     e2e_rows, e2e_note = [], None
-    if gpu and not a.no_e2e and not plan.interrupted:
-        try:
-            import transformers  # noqa: F401
-            from . import e2e
-            print("\nend-to-end: training steps, stock against fused_layernorm.patch(model)")
-            e2e_rows = e2e.run(e2e.parse_args([]))
-        except ImportError as e:
-            e2e_note = f"skipped: {e}"
-            print(f"end-to-end rows {e2e_note}")
-        except Exception as e:  # the kernel rows above are already measured: report, do not lose them
-            e2e_note = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
-            print(f"end-to-end rows {e2e_note}")
+    try:  # interrupted here, the large rows above are still written
+        if gpu and not a.no_small and not plan.interrupted:
+            small_plan = runner.Plan(**{**plan.__dict__, "directions": cases.SMALL_DIRECTIONS,
+                                        "verify_s": {}})
+            small_rows = runner.run_small(small_plan, peers, cases.SMALL_ROWS, cases.SMALL_HIDDEN,
+                                          cases.SMALL_DTYPE)
+            for k, v in small_plan.verify_s.items():
+                plan.verify_s[k] = plan.verify_s.get(k, 0.0) + v
+        if gpu and not a.no_e2e and not plan.interrupted:
+            try:
+                import transformers  # noqa: F401
+                from . import e2e
+                print("\nend-to-end: training steps, stock against fused_layernorm.patch(model)")
+                e2e_rows = e2e.run(e2e.parse_args([]))
+            except ImportError as e:
+                e2e_note = f"skipped: {e}"
+                print(f"end-to-end rows {e2e_note}")
+            except Exception as e:  # the kernel rows above are already measured: report, do not lose them
+                e2e_note = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+                print(f"end-to-end rows {e2e_note}")
+    except KeyboardInterrupt:
+        plan.interrupted = True
+        notes.append("interrupted after the large cases: small-shape or end-to-end rows missing")
+        print("\ninterrupted: the large cases are kept")
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # what is measured gets written whole
 
     summary = report.summarize(rows)
     report.print_summary(summary)

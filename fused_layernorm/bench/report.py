@@ -177,7 +177,9 @@ def write_json(paths: List[Path], doc: dict):
     text = json.dumps(doc, indent=1, allow_nan=False)
     for p in paths:
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text + "\n")
+        tmp = p.with_name(p.name + ".tmp")  # a reader, or a run cut short, never sees half a file
+        tmp.write_text(text + "\n")
+        os.replace(tmp, p)
 
 
 def _peer_color(peer: str) -> str:

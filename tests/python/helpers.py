@@ -94,14 +94,15 @@ def randn(shape, *, dtype, device, gen, scale=1.0, offset=0.0) -> torch.Tensor:
     """``randn * scale + offset`` in float64, then cast; ``gen`` is a CPU generator.
     Drawn on the CPU, so that small inputs do not depend on the device.  A CUDA
     tensor of GPU_DRAW_MIN elements or more is drawn on the GPU, seeded by a draw
-    of ``gen`` (still reproducible): the CPU draws ~10 ns an element, serially,
-    which costs seconds for each of the large tests' inputs."""
+    of ``gen``: reproducible on one GPU model (torch's CUDA draws may depend on the
+    SM count).  The CPU draws ~10 ns an element, serially, which cost seconds for
+    each of the large tests' inputs."""
     shape = tuple(shape)
     if torch.device(device).type == "cuda" and math.prod(shape) >= GPU_DRAW_MIN:
         seed = int(torch.randint(0, 2**62, (1,), generator=gen))
         cuda_gen = torch.Generator(device=device).manual_seed(seed)
         t = torch.randn(shape, generator=cuda_gen, dtype=torch.float64, device=device)
-        return (t * scale + offset).to(dtype)
+        return t.mul_(scale).add_(offset).to(dtype)
     t = torch.randn(shape, generator=gen, dtype=torch.float64) * scale + offset
     return t.to(device=device, dtype=dtype)
 
