@@ -123,7 +123,7 @@ class Run:
                    copy_bandwidth_gbps=self.copy["gbps"], peers_available=self.peers,
                    peers_unavailable=self.missing, rows=self.rows, config=dict(self.config, reps=self.reps),
                    **({"host_allocator": self.allocator} if self.allocator else {}))
-        (self.out / f"{self.name}.json").write_text(json.dumps(doc, indent=1))
+        report.write_text_whole(self.out / f"{self.name}.json", json.dumps(doc, indent=1))
 
     def finish(self, plot: Callable[[List[dict], Path, str], object]) -> int:
         """Writes the JSON and the plot; 1 if one of our cells failed."""

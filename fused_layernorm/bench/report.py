@@ -173,13 +173,18 @@ def merge_results(old: dict, new: dict) -> dict:
     return doc
 
 
+def write_text_whole(path: Path, text: str):
+    """Writes a temporary file, then renames it: a reader, or a run cut short, never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_json(paths: List[Path], doc: dict):
-    text = json.dumps(doc, indent=1, allow_nan=False)
+    text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
     for p in paths:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")  # a reader, or a run cut short, never sees half a file
-        tmp.write_text(text + "\n")
-        os.replace(tmp, p)
+        write_text_whole(p, text)
 
 
 def _peer_color(peer: str) -> str:
