@@ -59,6 +59,8 @@ struct ChanOp {
 // Reduces over a row's threads: lanes, the CTA's warps, and (kCluster) the
 // cluster's CTAs, pushed with st.async onto an mbarrier in each CTA
 // (common.cuh); kSplit* modes reduce their CTA's slice.
+// Its row_in_cta is 0: a team of whole warps, the only one that reduces
+// through shared memory, holds one row a CTA.
 template <typename A, int K, bool kCluster, typename Op = SumOp>
 using Reducer = RowReducer<A, K, 2, kCluster, Op>;
 
@@ -153,9 +155,8 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   constexpr bool kCl = M == Mode::kCluster;
   __shared__ ReduceSmem<A, K> sh;
   __shared__ ReduceSmem<A, 1> sh1;
-  const int row_in_cta = int(threadIdx.x) / lay.threads_per_row;
-  Reducer<A, K, kCl, ChanOp> red{sh, lay.threads_per_row, lay.cluster, row_in_cta};
-  Reducer<A, 1, kCl> red1{sh1, lay.threads_per_row, lay.cluster, row_in_cta};
+  Reducer<A, K, kCl, ChanOp> red{sh, lay.threads_per_row, lay.cluster, 0};
+  Reducer<A, 1, kCl> red1{sh1, lay.threads_per_row, lay.cluster, 0};
   if (p.rms) red1.init();
   else red.init();
   const Place pl = place<M>(lay);
@@ -337,7 +338,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
   extern __shared__ __align__(16) unsigned char merge_smem[];
   constexpr bool kCl = M == Mode::kCluster;
   __shared__ ReduceSmem<A, 2> sh;
-  Reducer<A, 2, kCl> red{sh, lay.threads_per_row, lay.cluster, int(threadIdx.x) / lay.threads_per_row};
+  Reducer<A, 2, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};
   red.init();
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
