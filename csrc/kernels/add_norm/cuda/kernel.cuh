@@ -38,7 +38,7 @@ struct Layout {
 // algorithm for every row strategy, exact for constant rows (every
 // difference is zero).  The rule is not symmetric: partners of a butterfly
 // may round differently by an ulp; each result is deterministic.  RMSNorm
-// and the backward reduce plain sums (SumOp).
+// and the backward reduce plain sums (InterleavedSumOp).
 struct ChanOp {
   template <typename A, int K>
   __device__ __forceinline__ static void merge(A (&a)[K], const A (&b)[K]) {
@@ -56,12 +56,28 @@ struct ChanOp {
   }
 };
 
+// Plain sums (RMSNorm, the backward) as RowReducer's op, taking its generic
+// path: each butterfly step shuffles all K values before adding them, so K
+// dependent chains of shuffles are in flight, where SumOp runs one value's
+// chain after another (H100: bf16 backward rows of 8192 lost 4 points).
+struct InterleavedSumOp {
+  template <typename A, int K>
+  __device__ __forceinline__ static void merge(A (&a)[K], const A (&b)[K]) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) a[k] += b[k];
+  }
+  template <typename A>
+  __device__ __forceinline__ static A identity(int) {
+    return A(0);
+  }
+};
+
 // Reduces over a row's threads: lanes, the CTA's warps, and (kCluster) the
 // cluster's CTAs, pushed with st.async onto an mbarrier in each CTA
 // (common.cuh); kSplit* modes reduce their CTA's slice.
 // Its row_in_cta is 0: a team of whole warps, the only one that reduces
 // through shared memory, holds one row a CTA.
-template <typename A, int K, bool kCluster, typename Op = SumOp>
+template <typename A, int K, bool kCluster, typename Op = InterleavedSumOp>
 using Reducer = RowReducer<A, K, 2, kCluster, Op>;
 
 // A thread's place on its rows.
