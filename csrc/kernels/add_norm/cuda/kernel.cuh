@@ -161,7 +161,7 @@ __device__ __forceinline__ Frag<DR, VEC> to_frag(const A (&v)[VEC]) {
 // Forward.  Statistics workspace of the split modes: [rows][chunks] Stats.
 // ---------------------------------------------------------------------------
 template <typename T, typename W, typename R, int VEC, int NV, Mode M>
-__global__ void FLN_MAX_REGS(kFwdRegs)
+__global__ void FLN_MAX_REGS(M == Mode::kCluster ? kFwdClusterRegs : kFwdRegs)
 add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   using A = dacc_t<T>;
   using DT = device_t<T>;
@@ -186,6 +186,22 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     p.rng_out[1] = int64_t(dm.offset);
   }
   const A woff = A(p.weight_offset);
+  // kCluster (a persistent grid) loads the next row's x and residual before
+  // this row is reduced and written, so a row's loads are always in flight.
+  struct RowIn {
+    Frag<DT, VEC> x[NV];
+    Frag<DR, VEC> r[NV];
+  };
+  auto load_row = [&](int64_t row, RowIn& in) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (row >= p.rows || col(i) >= n) continue;
+      load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(in.x[i], static_cast<const DT*>(p.x) + row * p.x_stride + col(i));
+      if (p.residual) in.r[i].load(static_cast<const DR*>(p.residual) + row * p.residual_stride + col(i));
+    }
+  };
+  RowIn next;
+  if constexpr (kCl) load_row(pl.first_row, next);
   // Loop while any row of this CTA (cluster) is live: trip counts stay
   // uniform, so every thread reaches every barrier.
   for (int64_t row = pl.first_row;; row += pl.row_step) {
@@ -201,15 +217,24 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     Frag<DT, VEC> xf[NV];
     Frag<DR, VEC> rf[NV];
     auto valid = [&](int i) { return live && col(i) < n; };
+    if constexpr (kCl) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      if (!valid(i)) continue;
-      const int64_t c = col(i);
-      if constexpr (M == Mode::kSplitApply) {
-        h[i].load(static_cast<const DR*>(p.h) + row * n + c);
-      } else {
-        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], static_cast<const DT*>(p.x) + row * p.x_stride + c);
-        if (p.residual) rf[i].load(static_cast<const DR*>(p.residual) + row * p.residual_stride + c);
+      for (int i = 0; i < NV; ++i) {
+        xf[i] = next.x[i];
+        rf[i] = next.r[i];
+      }
+      load_row(row + pl.row_step, next);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (!valid(i)) continue;
+        const int64_t c = col(i);
+        if constexpr (M == Mode::kSplitApply) {
+          h[i].load(static_cast<const DR*>(p.h) + row * n + c);
+        } else {
+          load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], static_cast<const DT*>(p.x) + row * p.x_stride + c);
+          if (p.residual) rf[i].load(static_cast<const DR*>(p.residual) + row * p.residual_stride + c);
+        }
       }
     }
 #pragma unroll

@@ -20,8 +20,10 @@ struct Plan {
 // A thread's slice of a row, held in registers: 64 bytes of x in the
 // forward (four 16-byte loads in flight at 16-bit and fp32, with as many of
 // the residual, all issued before the first store), in up to 96 registers
-// (capped at 64 it spills and keeps fewer loads in flight).  The backward holds
-// 8 elements a thread, with their fp32 dweight / dbias partials and the next
+// (capped at 64 it spills and keeps fewer loads in flight).  Cluster rows (a
+// persistent grid) also hold the next row's x and residual, in up to 128
+// registers: their CTAs of 256-512 threads mostly fit once an SM at 96 too.
+// The backward holds 8 elements a thread, with their fp32 dweight / dbias partials and the next
 // row's inputs (prefetched), in up to 96 registers where a thread's inputs
 // are 16 bytes (16-bit), 128 otherwise: capped lower, it spills in every row,
 // and 16-bit short rows at 128 keep fewer CTAs an SM.  Backward rows past one
@@ -29,6 +31,7 @@ struct Plan {
 // they take a cluster, which meets once a row.
 constexpr int kFwdThreadBytes = 64;
 constexpr int kFwdRegs = 96;
+constexpr int kFwdClusterRegs = 128;
 constexpr int kBwdThreadElems = 8;
 constexpr int kBwdLongRowBytes = 32;
 constexpr int bwd_registers(int elem_bytes, int elems) { return elem_bytes * elems <= 16 ? 96 : 128; }
