@@ -48,7 +48,7 @@ struct ChanOp {
     const A n = a[0] + b[0];
     const A wb = n > A(0) ? b[0] / n : A(0);
     const A d = b[1] - a[1];
-    a[2] = a[2] + b[2] + d * d * a[0] * wb;
+    a[2] = a[2] + b[2] + a[0] * wb * d * d;  // an empty side gives 0, even where d * d overflows
     a[1] = a[1] + d * wb;
     a[0] = n;
   }
