@@ -27,14 +27,14 @@ struct Plan {
 // row's inputs (prefetched), in up to 96 registers where a thread's inputs are
 // 16 bytes (16-bit), 128 otherwise: capped lower, it spills in every row, and
 // 16-bit short rows at 128 keep fewer CTAs an SM.  Backward rows past one CTA
-// keep 8 elements a thread and take a cluster (kBwdLongRowBytes).
+// keep 8 elements a thread where a cluster of up to 16 CTAs holds them (16-bit
+// threads of 16 elements, at 128 registers, spilled 40-80 bytes in cluster
+// rows); elsewhere they take 32 bytes of each input a thread first.
 constexpr int kFwdThreadBytes = 64;
 constexpr int kFwdRegs = 96;
 constexpr int kFwdClusterRegs = 128;
 constexpr int kBwdThreadElems = 8;
-// 16: rows past one CTA keep 8 elements a thread and take a cluster (16-bit at
-// 16 elements, 128 registers, spilled 40-80 bytes in cluster rows).
-constexpr int kBwdLongRowBytes = 16;
+constexpr int kBwdLongRowBytes = 32;
 constexpr int bwd_registers(int elem_bytes, int elems) { return elem_bytes * elems <= 16 ? 96 : 128; }
 constexpr int kMaxAccesses = 8;
 // Short rows share a CTA of this many threads, a team of lanes each; longer
@@ -69,7 +69,8 @@ inline Plan make_plan(int64_t cols, int elem_bytes, bool vec_ok, bool bwd, int c
   p.accesses = accesses_per_thread(bwd, p.vec, elem_bytes);
   const int64_t accesses = (cols + p.vec - 1) / p.vec;
   int64_t threads = (accesses + p.accesses - 1) / p.accesses;
-  if (bwd && threads > kPlanMaxThreads) {
+  const bool cluster_holds = cc_major >= 9 && threads <= int64_t(kPlanMaxThreads) * kPlanMaxCluster;
+  if (bwd && threads > kPlanMaxThreads && !cluster_holds) {
     p.accesses = accesses_per_thread(bwd, p.vec, elem_bytes, true);
     threads = (accesses + p.accesses - 1) / p.accesses;
   }
