@@ -82,14 +82,9 @@ TEST(AddNormPlan, CoversEveryRowWithinLimits) {
             EXPECT_TRUE(p.threads_per_row <= 32 ? (p.threads_per_row & (p.threads_per_row - 1)) == 0
                                                 : p.threads_per_row % 32 == 0);
             EXPECT_LE(p.cluster, kPlanMaxCluster);
-            const bool persistent = p.strategy == Strategy::kCluster && p.cluster == 1;
-            if (persistent)  // forward rows of one wide CTA walk a persistent grid
-              EXPECT_TRUE(!bwd && p.threads_per_row >= kFwdPersistentThreads);
-            else if (p.strategy == Strategy::kCluster)
-              EXPECT_GE(cc, 9);
-            if (p.strategy != Strategy::kRow && !persistent)  // only rows one CTA cannot hold
+            if (p.strategy == Strategy::kCluster) EXPECT_GE(cc, 9);
+            if (p.strategy != Strategy::kRow)  // only rows one CTA cannot hold
               EXPECT_GT((cols + p.vec - 1) / p.vec, int64_t(kPlanMaxThreads) * p.accesses);
-            if (!bwd && p.strategy == Strategy::kRow) EXPECT_LT(p.threads_per_row, kFwdPersistentThreads);
           }
 }
 

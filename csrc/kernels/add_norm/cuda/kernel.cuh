@@ -4,10 +4,8 @@
 // strategies (Mode), chosen by plan.h:
 //   kRow         a team of threads_per_row threads of one CTA holds a row in
 //                registers (several rows a CTA for short rows);
-//   kCluster     the same team in each of 1-16 CTAs of a thread-block cluster
-//                (more than one: sm_90), the row's statistics exchanged through
-//                distributed shared memory; a persistent grid, each CTA walking
-//                rows (the forward with the next row's inputs in flight);
+//   kCluster     the same team in each CTA of a thread-block cluster (sm_90),
+//                the row's statistics exchanged through distributed shared memory;
 //   kSplitStats  rows too long for a cluster: `chunks` CTAs each reduce a
 //   kSplitApply  slice of the row into a workspace, then each re-reads its
 //                slice and finishes it (inputs read twice).

@@ -13,7 +13,7 @@ struct Plan {
   int accesses = 1;          // accesses a thread holds per row (the kernel's NV)
   int threads_per_row = 1;   // of one CTA
   int cta_threads = 128;
-  int cluster = 1;           // kCluster: CTAs on a row (1: forward rows of one wide CTA)
+  int cluster = 1;           // kCluster: CTAs on a row
   int chunks = 1;            // kSplit: CTAs on a row, each reading its slice twice
 };
 
@@ -41,11 +41,6 @@ constexpr int kMaxAccesses = 8;
 // rows take a CTA of whole warps, up to kPlanMaxThreads.
 constexpr int kShortRowCta = 128;
 constexpr int kPlanMaxThreads = 512;
-// Forward rows of one CTA of this many threads or more (16 KB of x): at 96
-// registers two or fewer such CTAs fit an SM's 64K, so while one writes its
-// row the SM's loads would idle.  They walk rows on a persistent grid with the
-// next row in flight instead, as cluster rows do (kCluster of one CTA).
-constexpr int kFwdPersistentThreads = 256;
 // Past one CTA, sm_90 spreads a row over a cluster of up to 16 CTAs; past
 // that (or before sm_90) over CTAs that meet through global memory.
 constexpr int kPlanMaxCluster = 16;
@@ -82,10 +77,7 @@ inline Plan make_plan(int64_t cols, int elem_bytes, bool vec_ok, bool bwd, int c
   const int64_t ctas = (threads + kPlanMaxThreads - 1) / kPlanMaxThreads;
   p.threads_per_row = int(((threads + ctas - 1) / ctas + 31) / 32 * 32);
   p.cta_threads = p.threads_per_row;
-  if (ctas == 1) {
-    if (!bwd && p.threads_per_row >= kFwdPersistentThreads) p.strategy = Strategy::kCluster;  // of one CTA
-    return p;
-  }
+  if (ctas == 1) return p;
   if (cc_major >= 9 && ctas <= kPlanMaxCluster) {
     p.strategy = Strategy::kCluster;
     p.cluster = int(ctas);
