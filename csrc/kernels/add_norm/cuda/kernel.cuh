@@ -5,7 +5,9 @@
 //   kRow         a team of threads_per_row threads of one CTA holds a row in
 //                registers (several rows a CTA for short rows);
 //   kCluster     the same team in each CTA of a thread-block cluster (sm_90),
-//                the row's statistics exchanged through distributed shared memory;
+//                the row's statistics pushed into each CTA's shared memory; a
+//                persistent grid, each cluster walking rows (the forward with
+//                the next row's inputs in flight);
 //   kSplitStats  rows too long for a cluster: `chunks` CTAs each reduce a
 //   kSplitApply  slice of the row into a workspace, then each re-reads its
 //                slice and finishes it (inputs read twice).
