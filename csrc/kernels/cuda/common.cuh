@@ -483,8 +483,10 @@ __device__ __forceinline__ A butterfly_sum(A t) {
 
 // How RowReducer merges two sets of K partials: an op has merge(a, b) (a
 // becomes a merged with b) and identity(k) (the value of an empty part).
-// merge(a, b) and merge(b, a) must give the same bits, so that both partners
-// of a butterfly, and so every thread and CTA of a row, end equal.  SumOp adds.
+// Where merge(a, b) and merge(b, a) give the same bits (SumOp, softmax's
+// MaxSumOp), both partners of a butterfly, and so every thread and CTA of a
+// row, end equal; otherwise (add_norm's ChanOp) they may differ by rounding,
+// each deterministically.  SumOp adds.
 struct SumOp {
   template <typename A, int K>
   __device__ __forceinline__ static void merge(A (&a)[K], const A (&b)[K]) {

@@ -5,7 +5,9 @@
 //   kRow         a team of threads_per_row threads of one CTA holds a row in
 //                registers (several rows a CTA for short rows);
 //   kCluster     the same team in each CTA of a thread-block cluster (sm_90),
-//                the row's statistics exchanged through distributed shared memory;
+//                the row's statistics pushed into each CTA's shared memory; a
+//                persistent grid, each cluster walking rows (the forward with
+//                the next row's inputs in flight);
 //   kSplitStats  rows too long for a cluster: `chunks` CTAs each reduce a
 //   kSplitApply  slice of the row into a workspace, then each re-reads its
 //                slice and finishes it (inputs read twice).
@@ -24,8 +26,6 @@ namespace fln::cuda::add_norm {
 
 enum class Mode { kRow, kCluster, kSplitStats, kSplitApply };
 
-constexpr int kMaxThreads = 512;  // a CTA; plan.h keeps to it
-constexpr int kMaxCluster = 16;
 
 struct Layout {
   int threads_per_row = 1;  // of one CTA: a power of two up to 32, or whole warps (then one row a CTA)
@@ -33,109 +33,54 @@ struct Layout {
   int chunks = 1;           // kSplit*: CTAs on a row (gridDim.x)
 };
 
-// Statistics of a slice of a row, merged pairwise in a fixed order.
-// LayerNorm: (count, mean, M2), each thread starting from a pass over its
-// registers shifted by its first element, then merged by Chan et al.'s rule,
-// mean = mean_a + (mean_b - mean_a) * n_b / n: one algorithm for every row
-// strategy, exact for constant rows (every difference is zero).  Partners of
-// a butterfly may round differently by an ulp; each result is deterministic.
-// RMSNorm and the backward: plain sums.
-template <typename A, int K, bool kWelford>
-struct Stats {
-  A v[K];
-  __device__ __forceinline__ void merge(const Stats& o) {
-    if constexpr (kWelford) {
-      const A n = v[0] + o.v[0];
-      const A wb = n > A(0) ? o.v[0] / n : A(0);
-      const A d = o.v[1] - v[1];
-      v[2] = v[2] + o.v[2] + d * d * v[0] * wb;
-      v[1] = v[1] + d * wb;
-      v[0] = n;
-    } else {
-#pragma unroll
-      for (int k = 0; k < K; ++k) v[k] += o.v[k];
-    }
+// LayerNorm's statistics of a slice of a row, (count, mean, M2), as
+// RowReducer's op: each thread starts from a pass over its registers shifted
+// by its first element; slices merge by Chan et al.'s rule,
+// mean = mean_a + (mean_b - mean_a) * n_b / n, in a fixed order: one
+// algorithm for every row strategy, exact for constant rows (every
+// difference is zero).  The rule is not symmetric: partners of a butterfly
+// may round differently by an ulp; each result is deterministic.  RMSNorm
+// and the backward reduce plain sums (InterleavedSumOp).
+struct ChanOp {
+  template <typename A, int K>
+  __device__ __forceinline__ static void merge(A (&a)[K], const A (&b)[K]) {
+    static_assert(K == 3, "(count, mean, M2)");
+    const A n = a[0] + b[0];
+    const A wb = n > A(0) ? b[0] / n : A(0);
+    const A d = b[1] - a[1];
+    a[2] = a[2] + b[2] + a[0] * wb * d * d;  // an empty side gives 0, even where d * d overflows
+    a[1] = a[1] + d * wb;
+    a[0] = n;
   }
-  __device__ __forceinline__ Stats shfl_xor(int off) const {
-    Stats o;
-#pragma unroll
-    for (int k = 0; k < K; ++k) o.v[k] = __shfl_xor_sync(0xffffffffu, v[k], off);
-    return o;
+  template <typename A>
+  __device__ __forceinline__ static A identity(int) {
+    return A(0);
   }
 };
 
-template <typename A, int K>
-struct ReduceShared {
-  A warp[2][kMaxThreads / 32][K];  // two buffers in turn: one barrier a reduction
-  A cta[2][K];                     // kCluster: this CTA's total, read by the others
+// Plain sums (RMSNorm, the backward) as RowReducer's op, taking its generic
+// path: each butterfly step shuffles all K values before adding them, so K
+// dependent chains of shuffles are in flight, where SumOp runs one value's
+// chain after another (H100: bf16 backward rows of 8192 lost 4 points).
+struct InterleavedSumOp {
+  template <typename A, int K>
+  __device__ __forceinline__ static void merge(A (&a)[K], const A (&b)[K]) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) a[k] += b[k];
+  }
+  template <typename A>
+  __device__ __forceinline__ static A identity(int) {
+    return A(0);
+  }
 };
 
-// Merges s over the row's threads: lanes of a warp by butterfly, then the
-// warps of the CTA (a team of whole warps), then the CTAs of the cluster.
-// Every step merges in a fixed order, so results are identical in every
-// thread and run.  `round` alternates the shared buffers.
-template <bool kCluster, typename A, int K, bool W>
-__device__ __forceinline__ void reduce_row(Stats<A, K, W>& s, int threads_per_row, ReduceShared<A, K>& sh, int round) {
-  const int lanes = threads_per_row < 32 ? threads_per_row : 32;
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    const Stats<A, K, W> o = s.shfl_xor(off);  // every lane shuffles: no divergence
-    if (off < lanes) s.merge(o);
-  }
-  if (threads_per_row <= 32 && !kCluster) return;
-  const int buf = round & 1, lane = threadIdx.x % 32, warps = threads_per_row / 32;
-  auto butterfly16 = [&](Stats<A, K, W> t) {
-#pragma unroll
-    for (int off = 1; off < 16; off *= 2) t.merge(t.shfl_xor(off));
-    return t;
-  };
-  auto identity = [] {
-    Stats<A, K, W> z;
-#pragma unroll
-    for (int k = 0; k < K; ++k) z.v[k] = A(0);
-    return z;
-  };
-  if (threads_per_row > 32) {
-    if (lane == 0)
-#pragma unroll
-      for (int k = 0; k < K; ++k) sh.warp[buf][threadIdx.x / 32][k] = s.v[k];
-    __syncthreads();
-    Stats<A, K, W> t = identity();
-    if (lane % 16 < warps)
-#pragma unroll
-      for (int k = 0; k < K; ++k) t.v[k] = sh.warp[buf][lane % 16][k];
-    s = butterfly16(t);
-  }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters: sm_90 (plan.h plans none before)
-  if constexpr (kCluster) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    if (threadIdx.x == 0)
-#pragma unroll
-      for (int k = 0; k < K; ++k) sh.cta[buf][k] = s.v[k];
-    // Buffer `buf` is written again two rounds on, after every CTA has
-    // passed the next round's barrier, so after it has read this round's.
-    cluster.sync();
-    const int ctas = int(cluster.num_blocks());
-    Stats<A, K, W> t = identity();
-    if (lane % 16 < ctas) {
-      const A* remote = cluster.map_shared_rank(&sh.cta[buf][0], lane % 16);
-#pragma unroll
-      for (int k = 0; k < K; ++k) t.v[k] = remote[k];
-    }
-    s = butterfly16(t);
-  }
-#endif
-}
-
-// A CTA of a cluster must not exit while another may still read its shared
-// memory (the last reduction): the cluster meets once more at the end.
-template <bool kCluster>
-__device__ __forceinline__ void cluster_done() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kCluster) cooperative_groups::this_cluster().sync();
-#endif
-}
+// Reduces over a row's threads: lanes, the CTA's warps, and (kCluster) the
+// cluster's CTAs, pushed with st.async onto an mbarrier in each CTA
+// (common.cuh); kSplit* modes reduce their CTA's slice.
+// Its row_in_cta is 0: a team of whole warps, the only one that reduces
+// through shared memory, holds one row a CTA.
+template <typename A, int K, bool kCluster, typename Op = InterleavedSumOp>
+using Reducer = RowReducer<A, K, 2, kCluster, Op>;
 
 // A thread's place on its rows.
 struct Place {
@@ -218,17 +163,20 @@ __device__ __forceinline__ Frag<DR, VEC> to_frag(const A (&v)[VEC]) {
 // Forward.  Statistics workspace of the split modes: [rows][chunks] Stats.
 // ---------------------------------------------------------------------------
 template <typename T, typename W, typename R, int VEC, int NV, Mode M>
-__global__ void FLN_MAX_REGS(kFwdRegs)
+__global__ void FLN_MAX_REGS(M == Mode::kCluster ? kFwdClusterRegs : kFwdRegs)
 add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   using A = dacc_t<T>;
   using DT = device_t<T>;
   using DW = device_t<W>;
   using DR = device_t<R>;
-  constexpr int K = 3;  // LayerNorm (count, mean, M2); RMSNorm uses v[0] for sum(h^2)
-  using S = Stats<A, K, true>;
-  using SR = Stats<A, 1, false>;
-  __shared__ ReduceShared<A, K> sh;
-  __shared__ ReduceShared<A, 1> sh1;
+  constexpr int K = 3;  // LayerNorm (count, mean, M2); RMSNorm reduces sum(h^2)
+  constexpr bool kCl = M == Mode::kCluster;
+  __shared__ ReduceSmem<A, K> sh;
+  __shared__ ReduceSmem<A, 1> sh1;
+  Reducer<A, K, kCl, ChanOp> red{sh, lay.threads_per_row, lay.cluster, 0};
+  Reducer<A, 1, kCl> red1{sh1, lay.threads_per_row, lay.cluster, 0};
+  if (p.rms) red1.init();
+  else red.init();
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
   auto col = [&](int i) { return int64_t(i * pl.row_threads + pl.t) * VEC; };
@@ -239,9 +187,23 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     p.rng_out[0] = int64_t(dm.seed);
     p.rng_out[1] = int64_t(dm.offset);
   }
-  constexpr bool kCl = M == Mode::kCluster;
   const A woff = A(p.weight_offset);
-  int round = 0;
+  // kCluster (a persistent grid) loads the next row's x and residual before
+  // this row is reduced and written, so a row's loads are always in flight.
+  struct RowIn {
+    Frag<DT, VEC> x[NV];
+    Frag<DR, VEC> r[NV];
+  };
+  auto load_row = [&](int64_t row, RowIn& in) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (row >= p.rows || col(i) >= n) continue;
+      load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(in.x[i], static_cast<const DT*>(p.x) + row * p.x_stride + col(i));
+      if (p.residual) in.r[i].load(static_cast<const DR*>(p.residual) + row * p.residual_stride + col(i));
+    }
+  };
+  RowIn next;
+  if constexpr (kCl) load_row(pl.first_row, next);
   // Loop while any row of this CTA (cluster) is live: trip counts stay
   // uniform, so every thread reaches every barrier.
   for (int64_t row = pl.first_row;; row += pl.row_step) {
@@ -257,15 +219,24 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     Frag<DT, VEC> xf[NV];
     Frag<DR, VEC> rf[NV];
     auto valid = [&](int i) { return live && col(i) < n; };
+    if constexpr (kCl) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      if (!valid(i)) continue;
-      const int64_t c = col(i);
-      if constexpr (M == Mode::kSplitApply) {
-        h[i].load(static_cast<const DR*>(p.h) + row * n + c);
-      } else {
-        load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], static_cast<const DT*>(p.x) + row * p.x_stride + c);
-        if (p.residual) rf[i].load(static_cast<const DR*>(p.residual) + row * p.residual_stride + c);
+      for (int i = 0; i < NV; ++i) {
+        xf[i] = next.x[i];
+        rf[i] = next.r[i];
+      }
+      load_row(row + pl.row_step, next);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (!valid(i)) continue;
+        const int64_t c = col(i);
+        if constexpr (M == Mode::kSplitApply) {
+          h[i].load(static_cast<const DR*>(p.h) + row * n + c);
+        } else {
+          load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], static_cast<const DT*>(p.x) + row * p.x_stride + c);
+          if (p.residual) rf[i].load(static_cast<const DR*>(p.residual) + row * p.residual_stride + c);
+        }
       }
     }
 #pragma unroll
@@ -307,21 +278,21 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     A mean = A(0), rstd = A(0);
     const bool split_first = M == Mode::kSplitStats;
     if (p.rms) {
-      SR s{{A(0)}};
+      A s[1] = {A(0)};
 #pragma unroll
       for (int i = 0; i < NV; ++i)
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) s.v[0] += h[i].get(k) * h[i].get(k);
-      if constexpr (M != Mode::kSplitApply) reduce_row<kCl>(s, lay.threads_per_row, sh1, round);
+        for (int k = 0; k < VEC; ++k) s[0] += h[i].get(k) * h[i].get(k);
+      if constexpr (M != Mode::kSplitApply) red1.reduce(s);
       if constexpr (M == Mode::kSplitStats) {
-        if (live && threadIdx.x == 0) work[(row * lay.chunks + pl.chunk) * K] = s.v[0];
+        if (live && threadIdx.x == 0) work[(row * lay.chunks + pl.chunk) * K] = s[0];
       } else if constexpr (M == Mode::kSplitApply) {
-        s.v[0] = A(0);
-        for (int c = 0; c < lay.chunks; ++c) s.v[0] += live ? work[(row * lay.chunks + c) * K] : A(0);
+        s[0] = A(0);
+        for (int c = 0; c < lay.chunks; ++c) s[0] += live ? work[(row * lay.chunks + c) * K] : A(0);
       }
-      rstd = rsqrt_acc(s.v[0] / A(n) + A(p.eps));
+      rstd = rsqrt_acc(s[0] / A(n) + A(p.eps));
     } else {
-      S s;
+      A s[K];
       int cnt = 0;
       const A shift = A(h[0].get(0));  // this thread's first element (0 where it has none)
       A sum = A(0);
@@ -339,28 +310,27 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
         if (col(i) < n)
 #pragma unroll
           for (int k = 0; k < VEC; ++k) m2 += (A(h[i].get(k)) - m) * (A(h[i].get(k)) - m);
-      s.v[0] = A(cnt);
-      s.v[1] = m;
-      s.v[2] = live ? m2 : A(0);
-      if constexpr (M != Mode::kSplitApply) reduce_row<kCl>(s, lay.threads_per_row, sh, round);
+      s[0] = A(cnt);
+      s[1] = m;
+      s[2] = live ? m2 : A(0);
+      if constexpr (M != Mode::kSplitApply) red.reduce(s);
       if constexpr (M == Mode::kSplitStats) {
         if (live && threadIdx.x == 0)
 #pragma unroll
-          for (int k = 0; k < K; ++k) work[(row * lay.chunks + pl.chunk) * K + k] = s.v[k];
+          for (int k = 0; k < K; ++k) work[(row * lay.chunks + pl.chunk) * K + k] = s[k];
       } else if constexpr (M == Mode::kSplitApply) {
-        S t{{A(0), A(0), A(0)}};
-        for (int c = 0; c < lay.chunks && live; ++c) {
-          S o;
 #pragma unroll
-          for (int k = 0; k < K; ++k) o.v[k] = work[(row * lay.chunks + c) * K + k];
-          t.merge(o);
+        for (int k = 0; k < K; ++k) s[k] = A(0);
+        for (int c = 0; c < lay.chunks && live; ++c) {
+          A o[K];
+#pragma unroll
+          for (int k = 0; k < K; ++k) o[k] = work[(row * lay.chunks + c) * K + k];
+          ChanOp::merge(s, o);
         }
-        s = t;
       }
-      mean = s.v[1];
-      rstd = rsqrt_acc(s.v[2] / A(n) + A(p.eps));
+      mean = s[1];
+      rstd = rsqrt_acc(s[2] / A(n) + A(p.eps));
     }
-    ++round;
     if (split_first || !live) continue;
     if (pl.leader) {
       if (p.mean) static_cast<A*>(p.mean)[row] = mean;
@@ -391,7 +361,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
       store_vec(yg + c, y);
     }
   }
-  cluster_done<kCl>();
+  red.finish();  // the same cluster meeting as red1's
 }
 
 // ---------------------------------------------------------------------------
@@ -408,10 +378,11 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
   using DT = device_t<T>;
   using DW = device_t<W>;
   using DR = device_t<R>;
-  using S = Stats<A, 2, false>;
-  __shared__ ReduceShared<A, 2> sh;
   extern __shared__ __align__(16) unsigned char merge_smem[];
   constexpr bool kCl = M == Mode::kCluster;
+  __shared__ ReduceSmem<A, 2> sh;
+  Reducer<A, 2, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};
+  red.init();
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
   auto col = [&](int i) { return int64_t(i * pl.row_threads + pl.t) * VEC; };
@@ -432,7 +403,6 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
 #pragma unroll
     for (int k = 0; k < VEC; ++k) pw[i][k] = pb[i][k] = A(0);
   const A inv_n = A(1) / A(n);
-  int round = 0;
   // One row's inputs.  The next row's are loaded before this row is reduced
   // and written, so its DRAM latency overlaps the reduction and the stores.
   struct RowIn {
@@ -472,37 +442,37 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
       for (int i = 0; i < NV; ++i)
         if (live && col(i) < n) dhf[i].load(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
     // sum(g * xhat), sum(g), g = dy * (w + offset)
-    S s{{A(0), A(0)}};
+    A s[2] = {A(0), A(0)};
 #pragma unroll
     for (int i = 0; i < NV; ++i)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         const A xh = (A(hf[i].get(k)) - mean) * rstd, d = A(dyf[i].get(k)), g = d * (A(w[i].get(k)) + woff);
-        s.v[0] += g * xh;
-        s.v[1] += g;
+        s[0] += g * xh;
+        s[1] += g;
         if constexpr (kPartials) {
           pw[i][k] += d * xh;
           pb[i][k] += d;
         }
       }
-    if constexpr (M != Mode::kSplitApply) reduce_row<kCl>(s, lay.threads_per_row, sh, round++);
+    if constexpr (M != Mode::kSplitApply) red.reduce(s);
     if constexpr (M == Mode::kSplitStats) {
       if (live && threadIdx.x == 0) {
-        work[(row * lay.chunks + pl.chunk) * 2] = s.v[0];
-        work[(row * lay.chunks + pl.chunk) * 2 + 1] = s.v[1];
+        work[(row * lay.chunks + pl.chunk) * 2] = s[0];
+        work[(row * lay.chunks + pl.chunk) * 2 + 1] = s[1];
       }
       continue;
     } else {
       if constexpr (M == Mode::kSplitApply) {
-        s.v[0] = s.v[1] = A(0);
+        s[0] = s[1] = A(0);
         for (int c = 0; c < lay.chunks && live; ++c) {
-          s.v[0] += work[(row * lay.chunks + c) * 2];
-          s.v[1] += work[(row * lay.chunks + c) * 2 + 1];
+          s[0] += work[(row * lay.chunks + c) * 2];
+          s[1] += work[(row * lay.chunks + c) * 2 + 1];
         }
       }
       if (!live) continue;
       // dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dh_in (RMSNorm: no mean(g))
-      const A c_gx = s.v[0] * inv_n, c_g = p.rms ? A(0) : s.v[1] * inv_n;
+      const A c_gx = s[0] * inv_n, c_g = p.rms ? A(0) : s[1] * inv_n;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int64_t c = col(i);
@@ -527,7 +497,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
       }
     }
   }
-  cluster_done<kCl>();
+  red.finish();
   if constexpr (kPartials) {
     if (part_w == nullptr) return;
     // One partial row per CTA: its rows' teams merged in row order.

@@ -15,7 +15,7 @@ namespace fln::cuda {
 
 namespace add_norm {
 
-static_assert(kPlanMaxThreads == kMaxThreads && kPlanMaxCluster == kMaxCluster, "plan.h and kernel.cuh agree");
+static_assert(kPlanMaxThreads <= kMaxCtaThreads && kPlanMaxCluster <= kMaxClusterCtas, "RowReducer's warp and CTA slots");
 
 inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 

@@ -17,18 +17,22 @@ struct Plan {
   int chunks = 1;            // kSplit: CTAs on a row, each reading its slice twice
 };
 
-// A thread's slice of a row, held in registers: 64 bytes of x in the
-// forward (four 16-byte loads in flight at 16-bit and fp32, with as many of
-// the residual, all issued before the first store), in up to 96 registers
-// (capped at 64 it spills and keeps fewer loads in flight).  The backward holds
-// 8 elements a thread, with their fp32 dweight / dbias partials and the next
-// row's inputs (prefetched), in up to 96 registers where a thread's inputs
-// are 16 bytes (16-bit), 128 otherwise: capped lower, it spills in every row,
-// and 16-bit short rows at 128 keep fewer CTAs an SM.  Backward rows past one
-// CTA at 8 take 32 bytes of each input a thread (16 elements at 16-bit) before
-// they take a cluster, which meets once a row.
+// A thread's slice of a row, held in registers: 64 bytes of x in the forward
+// (four 16-byte loads in flight at 16-bit and fp32, with as many of the
+// residual, all issued before the first store), in up to 96 registers (capped
+// at 64 it spills and keeps fewer loads in flight).  Cluster rows (a persistent
+// grid) also hold the next row's x and residual, in up to 128 registers: their
+// CTAs of 256-512 threads mostly fit once an SM at 96 too. The backward holds 8
+// elements a thread, with their fp32 dweight / dbias partials and the next
+// row's inputs (prefetched), in up to 96 registers where a thread's inputs are
+// 16 bytes (16-bit), 128 otherwise: capped lower, it spills in every row, and
+// 16-bit short rows at 128 keep fewer CTAs an SM.  Backward rows past one CTA
+// keep 8 elements a thread where a cluster of up to 16 CTAs holds them (16-bit
+// threads of 16 elements, at 128 registers, spilled 40-80 bytes in cluster
+// rows); elsewhere they take 32 bytes of each input a thread first.
 constexpr int kFwdThreadBytes = 64;
 constexpr int kFwdRegs = 96;
+constexpr int kFwdClusterRegs = 128;
 constexpr int kBwdThreadElems = 8;
 constexpr int kBwdLongRowBytes = 32;
 constexpr int bwd_registers(int elem_bytes, int elems) { return elem_bytes * elems <= 16 ? 96 : 128; }
@@ -60,7 +64,8 @@ inline Plan make_plan(int64_t cols, int elem_bytes, bool vec_ok, bool bwd, int c
   p.accesses = accesses_per_thread(bwd, p.vec, elem_bytes);
   const int64_t accesses = (cols + p.vec - 1) / p.vec;
   int64_t threads = (accesses + p.accesses - 1) / p.accesses;
-  if (bwd && threads > kPlanMaxThreads) {
+  const bool cluster_holds = cc_major >= 9 && threads <= int64_t(kPlanMaxThreads) * kPlanMaxCluster;
+  if (bwd && threads > kPlanMaxThreads && !cluster_holds) {
     p.accesses = accesses_per_thread(bwd, p.vec, elem_bytes, true);
     threads = (accesses + p.accesses - 1) / p.accesses;
   }
