@@ -499,6 +499,11 @@ struct SumOp {
   }
 };
 
+// SumOp through butterfly_merge's generic path: each step shuffles all K
+// values before adding them, so K chains of dependent shuffles are in flight
+// at once (SumOp's own path runs one value's chain after another).
+struct InterleavedSumOp : SumOp {};
+
 // Merges v with the lanes LANES / 2, ..., 1 away (xor butterfly); every
 // lane shuffles, and a step merges only where `off < active`.
 // Sums take each value's butterfly in turn.

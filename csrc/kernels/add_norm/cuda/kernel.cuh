@@ -26,7 +26,6 @@ namespace fln::cuda::add_norm {
 
 enum class Mode { kRow, kCluster, kSplitStats, kSplitApply };
 
-
 struct Layout {
   int threads_per_row = 1;  // of one CTA: a power of two up to 32, or whole warps (then one row a CTA)
   int cluster = 1;          // kCluster: CTAs of a cluster on a row
@@ -51,22 +50,6 @@ struct ChanOp {
     a[2] = a[2] + b[2] + a[0] * wb * d * d;  // an empty side gives 0, even where d * d overflows
     a[1] = a[1] + d * wb;
     a[0] = n;
-  }
-  template <typename A>
-  __device__ __forceinline__ static A identity(int) {
-    return A(0);
-  }
-};
-
-// Plain sums (RMSNorm, the backward) as RowReducer's op, taking its generic
-// path: each butterfly step shuffles all K values before adding them, so K
-// dependent chains of shuffles are in flight, where SumOp runs one value's
-// chain after another (H100: bf16 backward rows of 8192 lost 4 points).
-struct InterleavedSumOp {
-  template <typename A, int K>
-  __device__ __forceinline__ static void merge(A (&a)[K], const A (&b)[K]) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) a[k] += b[k];
   }
   template <typename A>
   __device__ __forceinline__ static A identity(int) {
