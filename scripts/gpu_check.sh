@@ -102,6 +102,9 @@ if has_stage tests; then
 
   echo "== Python tests (CPU and CUDA), part $PART"
   XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 8"   # parallel workers share the GPU
+  # 8 workers each with one OpenMP thread a core oversubscribe the CPU: CPU tests ran
+  # 100-1000x slower there than alone (a 0.1 s Hugging Face test took 127 s).
+  [ -n "$XDIST" ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 8 > 0 ? $(nproc) / 8 : 1 ))}
   rm -f /tmp/fln_junit_$PART.xml /tmp/fln_junit_slow.xml  # a run that writes none must not count an old one
   # shellcheck disable=SC2086  # SELECT is a list of paths and options
   $PY -m pytest $SELECT $XDIST -m "not slow" -q -rs --durations=20 -p no:cacheprovider --junitxml=/tmp/fln_junit_$PART.xml $* 2>&1 \
