@@ -32,6 +32,19 @@ struct Layout {
   int chunks = 1;           // kSplit*: CTAs on a row (gridDim.x)
 };
 
+// b / n for counts, 0 <= b <= n (fp32): the instructions of IEEE
+// division's fast path, so the same correctly rounded quotient, without its
+// slow path, which only denormal or extreme exponents take and whose call
+// (at every butterfly step) cost about 10 instructions and pinned registers.
+__device__ __forceinline__ float count_ratio(float b, float n) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(n));
+  r = __fmaf_rn(r, __fmaf_rn(-n, r, 1.0f), r);
+  const float q = __fmul_rn(b, r);
+  return __fmaf_rn(r, __fmaf_rn(-n, q, b), q);
+}
+__device__ __forceinline__ double count_ratio(double b, double n) { return b / n; }
+
 // LayerNorm's statistics of a slice of a row, (count, mean, M2), as
 // RowReducer's op: each thread starts from a pass over its registers shifted
 // by its first element; slices merge by Chan et al.'s rule,
@@ -45,7 +58,7 @@ struct ChanOp {
   __device__ __forceinline__ static void merge(A (&a)[K], const A (&b)[K]) {
     static_assert(K == 3, "(count, mean, M2)");
     const A n = a[0] + b[0];
-    const A wb = n > A(0) ? b[0] / n : A(0);
+    const A wb = n > A(0) ? count_ratio(b[0], n) : A(0);
     const A d = b[1] - a[1];
     a[2] = a[2] + b[2] + a[0] * wb * d * d;  // an empty side gives 0, even where d * d overflows
     a[1] = a[1] + d * wb;
