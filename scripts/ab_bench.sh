@@ -26,17 +26,21 @@ extension() {  # the one built extension under $1
   [ ${#found[@]} = 1 ] && [ -f "${found[0]}" ] || { echo "ab_bench: not one extension in $1/fused_layernorm" >&2; exit 1; }
   echo "${found[0]}"
 }
-# A from scratch: a warm machine may hold B's objects from an earlier run, newer than A's sources.
-rm -rf build fused_layernorm/_C*.so
-build A
-rm -rf /tmp/ab_a && mkdir -p /tmp/ab_a && cp -r fused_layernorm /tmp/ab_a/
-# B replaces A's folders (a file B deleted must not stay); -m: the archive's mtimes are older
-# than A's objects, and the build would skip B's sources.
-for top in $(tar -tf "$tar_file" | cut -d/ -f1 | sort -u); do
-  case $top in ""|.|..|.devrun|.git) ;; *) rm -rf "./$top" ;; esac
-done
-tar -xmf "$tar_file"
-build B
+if [ -n "${AB_REUSE:-}" ]; then  # AB_REUSE=1: the builds of the last run (A in /tmp/ab_a, B here), another module
+  [ -d /tmp/ab_a/fused_layernorm ] || { echo "ab_bench: AB_REUSE without an earlier run's /tmp/ab_a" >&2; exit 1; }
+else
+  # A from scratch: a warm machine may hold B's objects from an earlier run, newer than A's sources.
+  rm -rf build fused_layernorm/_C*.so
+  build A
+  rm -rf /tmp/ab_a && mkdir -p /tmp/ab_a && cp -r fused_layernorm /tmp/ab_a/
+  # B replaces A's folders (a file B deleted must not stay); -m: the archive's mtimes are older
+  # than A's objects, and the build would skip B's sources.
+  for top in $(tar -tf "$tar_file" | cut -d/ -f1 | sort -u); do
+    case $top in ""|.|..|.devrun|.git) ;; *) rm -rf "./$top" ;; esac
+  done
+  tar -xmf "$tar_file"
+  build B
+fi
 if cmp -s "$(extension .)" "$(extension /tmp/ab_a)"; then
   echo "B's extension is A's: nothing of B was rebuilt" | tee -a "$LOG/ab.log"; exit 1
 fi
