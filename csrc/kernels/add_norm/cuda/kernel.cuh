@@ -158,7 +158,10 @@ __device__ __forceinline__ Frag<DR, VEC> to_frag(const A (&v)[VEC]) {
 // ---------------------------------------------------------------------------
 // Forward.  Statistics workspace of the split modes: [rows][chunks] Stats.
 // ---------------------------------------------------------------------------
-template <typename T, typename W, typename R, int VEC, int NV, Mode M>
+// kDropout false: compiled for dropout_p == 0 only (the launch picks it
+// then), without the dropout code, whose registers and predicate tests the
+// compiler otherwise keeps on the p == 0 path too.
+template <typename T, typename W, typename R, int VEC, int NV, Mode M, bool kDropout>
 __global__ void FLN_MAX_REGS(M == Mode::kCluster ? kFwdClusterRegs : kFwdRegs)
 add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   using A = dacc_t<T>;
@@ -176,7 +179,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
   auto col = [&](int i) { return int64_t(i * pl.row_threads + pl.t) * VEC; };
-  const bool dropout = p.dropout_p > 0.0;
+  const bool dropout = kDropout && p.dropout_p > 0.0;
   DropoutMask dm{};
   if (dropout) dm = device_mask(p.rng, n, p.dropout_p);
   if (p.rng_out && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
