@@ -84,6 +84,7 @@ struct Place {
   int t, row_threads;           // this thread among the row's threads, and how many
   bool leader;                  // the one thread of a row that stores its mean and rstd
   int chunk;                    // kSplit*: which CTA of the row
+  int row_in_cta;               // kRow, kCluster: this thread's row among its CTA's rows
 };
 
 template <Mode M>
@@ -97,15 +98,25 @@ __device__ __forceinline__ Place place(const Layout& lay) {
     pl.first_row = blockIdx.y;
     pl.row_step = gridDim.y;
     pl.leader = blockIdx.x == 0 && threadIdx.x == 0;
+    pl.row_in_cta = 0;
   } else {
+    // A team smaller than its CTA is a power of two of lanes (Layout), so
+    // shifts place a thread; only kCluster launches more than one CTA a row.
     int rank = 0;
-    if constexpr (M == Mode::kCluster) rank = cluster_rank_or_zero(lay.cluster);
-    const int rows_per_cta = blockDim.x / tpr, row_in_cta = threadIdx.x / tpr, lane = threadIdx.x % tpr;
-    const int64_t group = blockIdx.x / lay.cluster, groups = gridDim.x / lay.cluster;
+    int64_t group = blockIdx.x, groups = gridDim.x;
+    if constexpr (M == Mode::kCluster) {
+      rank = cluster_rank_or_zero(lay.cluster);
+      group /= lay.cluster;
+      groups /= lay.cluster;
+    }
+    const bool one_row = tpr == int(blockDim.x);
+    const int log_tpr = __ffs(tpr) - 1;
+    const int rows_per_cta = one_row ? 1 : int(blockDim.x) >> log_tpr;
+    pl.row_in_cta = one_row ? 0 : int(threadIdx.x) >> log_tpr;
     pl.chunk = 0;
-    pl.t = rank * tpr + lane;
+    pl.t = rank * tpr + (one_row ? int(threadIdx.x) : int(threadIdx.x) & (tpr - 1));
     pl.row_threads = tpr * lay.cluster;
-    pl.first_row = group * rows_per_cta + row_in_cta;
+    pl.first_row = group * rows_per_cta + pl.row_in_cta;
     pl.row_step = groups * rows_per_cta;
     pl.leader = pl.t == 0;
   }
@@ -158,7 +169,10 @@ __device__ __forceinline__ Frag<DR, VEC> to_frag(const A (&v)[VEC]) {
 // ---------------------------------------------------------------------------
 // Forward.  Statistics workspace of the split modes: [rows][chunks] Stats.
 // ---------------------------------------------------------------------------
-template <typename T, typename W, typename R, int VEC, int NV, Mode M>
+// kDropout false: compiled for dropout_p == 0 only (the launch picks it
+// then), without the dropout code, whose registers and predicate tests the
+// compiler otherwise keeps on the p == 0 path too.
+template <typename T, typename W, typename R, int VEC, int NV, Mode M, bool kDropout>
 __global__ void FLN_MAX_REGS(M == Mode::kCluster ? kFwdClusterRegs : kFwdRegs)
 add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   using A = dacc_t<T>;
@@ -176,7 +190,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
   auto col = [&](int i) { return int64_t(i * pl.row_threads + pl.t) * VEC; };
-  const bool dropout = p.dropout_p > 0.0;
+  const bool dropout = kDropout && p.dropout_p > 0.0;
   DropoutMask dm{};
   if (dropout) dm = device_mask(p.rng, n, p.dropout_p);
   if (p.rng_out && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
@@ -190,12 +204,20 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     Frag<DT, VEC> x[NV];
     Frag<DR, VEC> r[NV];
   };
+  // A row's pointers are formed once, its accesses offset from them: the
+  // 64-bit row offset is otherwise recomputed at every access.
+  auto x_row = [&](int64_t row) { return static_cast<const DT*>(p.x) + row * p.x_stride; };
+  auto r_row = [&](int64_t row) {
+    return p.residual ? static_cast<const DR*>(p.residual) + row * p.residual_stride : nullptr;
+  };
   auto load_row = [&](int64_t row, RowIn& in) {
+    const DT* xr = x_row(row);
+    const DR* rr = r_row(row);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       if (row >= p.rows || col(i) >= n) continue;
-      load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(in.x[i], static_cast<const DT*>(p.x) + row * p.x_stride + col(i));
-      if (p.residual) in.r[i].load(static_cast<const DR*>(p.residual) + row * p.residual_stride + col(i));
+      load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(in.x[i], xr + col(i));
+      if (rr) in.r[i].load(rr + col(i));
     }
   };
   RowIn next;
@@ -203,7 +225,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   // Loop while any row of this CTA (cluster) is live: trip counts stay
   // uniform, so every thread reaches every barrier.
   for (int64_t row = pl.first_row;; row += pl.row_step) {
-    const int64_t cta_first = M == Mode::kRow || kCl ? row - threadIdx.x / lay.threads_per_row : row;
+    const int64_t cta_first = row - pl.row_in_cta;
     if (cta_first >= p.rows) break;
     const bool live = row < p.rows;
     // Prologue: h = dropout(x) + residual, held as R (y normalizes the h
@@ -215,6 +237,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     Frag<DT, VEC> xf[NV];
     Frag<DR, VEC> rf[NV];
     auto valid = [&](int i) { return live && col(i) < n; };
+    DR* const hg = p.h ? static_cast<DR*>(p.h) + row * n : nullptr;
     if constexpr (kCl) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -223,15 +246,17 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
       }
       load_row(row + pl.row_step, next);
     } else {
+      const DT* xr = x_row(row);
+      const DR* rr = r_row(row);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         if (!valid(i)) continue;
         const int64_t c = col(i);
         if constexpr (M == Mode::kSplitApply) {
-          h[i].load(static_cast<const DR*>(p.h) + row * n + c);
+          h[i].load(hg + c);
         } else {
-          load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], static_cast<const DT*>(p.x) + row * p.x_stride + c);
-          if (p.residual) rf[i].load(static_cast<const DR*>(p.residual) + row * p.residual_stride + c);
+          load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], xr + c);
+          if (rr) rf[i].load(rr + c);
         }
       }
     }
@@ -267,7 +292,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
           }
           h[i] = to_frag<DR>(hv);
         }
-        if (p.h) h[i].store(static_cast<DR*>(p.h) + row * n + c);
+        if (hg) h[i].store(hg + c);
       }
     }
     // Statistics.
@@ -424,7 +449,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
   RowIn next;
   load_row(pl.first_row, next);
   for (int64_t row = pl.first_row;; row += pl.row_step) {
-    const int64_t cta_first = M == Mode::kRow || kCl ? row - threadIdx.x / lay.threads_per_row : row;
+    const int64_t cta_first = row - pl.row_in_cta;
     if (cta_first >= p.rows) break;
     const bool live = row < p.rows;
     const RowIn cur = next;

@@ -112,8 +112,12 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     constexpr int NV = accesses_per_thread(false, VEC, sizeof(T));
     if (pl.accesses != NV) return cudaErrorInvalidConfiguration;  // plan.h and the instantiations disagree
     Layout lay{pl.threads_per_row, pl.cluster, pl.chunks};
+    // Rows of one CTA or one cluster take the kernel without dropout code
+    // where p == 0; split rows (long, rare) keep one kernel for both.
+    const bool drop = p.dropout_p > 0.0;
     if (pl.strategy == Strategy::kCluster) {
-      auto k = &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster>;
+      auto k = drop ? &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster, true>
+                    : &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster, false>;
       const int64_t res = resident(k, dev, pl.cta_threads, pl.cluster, 0);
       if (res > 0) {  // a persistent grid: one launch of clusters for many rows
         const int64_t groups = p.rows < res ? p.rows : res;
@@ -131,17 +135,18 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
         if (!p.h) return cudaErrorMemoryAllocation;
       }
       const dim3 grid(unsigned(pl.chunks), unsigned(p.rows < kMaxGridY ? p.rows : kMaxGridY));
-      cudaError_t e = launch(&add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kSplitStats>, grid, pl.cta_threads, 0, 1,
+      cudaError_t e = launch(&add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kSplitStats, true>, grid, pl.cta_threads, 0, 1,
                              stream, p, lay, work);
       if (e != cudaSuccess) return e;
-      return launch(&add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kSplitApply>, grid, pl.cta_threads, 0, 1, stream, p,
+      return launch(&add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kSplitApply, true>, grid, pl.cta_threads, 0, 1, stream, p,
                     lay, work);
     }
     const int rows_per_cta = pl.cta_threads / pl.threads_per_row;
     int64_t groups = (p.rows + rows_per_cta - 1) / rows_per_cta;
     if (groups > INT32_MAX) groups = INT32_MAX;
-    return launch(&add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kRow>, dim3(unsigned(groups)), pl.cta_threads, 0, 1,
-                  stream, p, lay, static_cast<A*>(nullptr));
+    auto k = drop ? &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kRow, true>
+                  : &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kRow, false>;
+    return launch(k, dim3(unsigned(groups)), pl.cta_threads, 0, 1, stream, p, lay, static_cast<A*>(nullptr));
   });
 }
 
