@@ -81,6 +81,8 @@ TEST(AddNormPlan, CoversEveryRowWithinLimits) {
             EXPECT_EQ(p.cta_threads % p.threads_per_row, 0);
             EXPECT_TRUE(p.threads_per_row <= 32 ? (p.threads_per_row & (p.threads_per_row - 1)) == 0
                                                 : p.threads_per_row % 32 == 0);
+            // The kernels' place() shifts: a team is the whole CTA or a power of two of lanes.
+            EXPECT_TRUE(p.threads_per_row == p.cta_threads || (p.threads_per_row & (p.threads_per_row - 1)) == 0);
             EXPECT_LE(p.cluster, kPlanMaxCluster);
             if (p.strategy == Strategy::kCluster) EXPECT_GE(cc, 9);
             if (p.strategy != Strategy::kRow)  // only rows one CTA cannot hold
