@@ -254,31 +254,34 @@ void norm_bwd_chunks(const BwdParams& p, int64_t c_begin, int64_t c_end, acc_t<T
       }
       const A mean = rms ? A(0) : static_cast<const A*>(p.mean)[r];
       const A rstd = static_cast<const A*>(p.rstd)[r];
-      if (pw && pb)
+      if (!p.dx) {  // weight gradients only
         for (int64_t i = 0; i < n; ++i) {
-          pw[i] += dy[i] * ((x[i] - mean) * rstd);
-          pb[i] += dy[i];
+          if (pw) pw[i] += dy[i] * ((x[i] - mean) * rstd);
+          if (pb) pb[i] += dy[i];
         }
-      else if (pw)
-        for (int64_t i = 0; i < n; ++i) pw[i] += dy[i] * ((x[i] - mean) * rstd);
-      else if (pb)
-        for (int64_t i = 0; i < n; ++i) pb[i] += dy[i];
-      if (!p.dx) continue;
-      // c_gx = mean(g * xhat), c_g = mean(g).
-      A s_gx, s_g = A(0);
-      if (w) {
-        if (rms)
-          s_gx = lane_sum<A>(n, [&](int64_t i) { return dy[i] * w[i] * ((x[i] - mean) * rstd); });
-        else
-          lane_sum2<A>(n, [&](int64_t i) { return dy[i] * w[i] * ((x[i] - mean) * rstd); },
-                       [&](int64_t i) { return dy[i] * w[i]; }, s_gx, s_g);
-      } else {
-        if (rms)
-          s_gx = lane_sum<A>(n, [&](int64_t i) { return dy[i] * ((x[i] - mean) * rstd); });
-        else
-          lane_sum2<A>(n, [&](int64_t i) { return dy[i] * ((x[i] - mean) * rstd); },
-                       [&](int64_t i) { return dy[i]; }, s_gx, s_g);
+        continue;
       }
+      // One pass over the row gives its sums, c_gx = mean(g * xhat) and
+      // c_g = mean(g) with g = dy * w, and adds this row's weight-gradient
+      // terms (grads(i, xhat)), which a pass of their own would re-read x and
+      // dy and recompute xhat for.  Same operations, so the same bits.
+      A s_gx, s_g = A(0);
+      auto sums = [&](auto&& grads) {
+        auto xhat = [&](int64_t i) { return (x[i] - mean) * rstd; };
+        if (w) {
+          auto gx = [&](int64_t i) { const A xh = xhat(i); grads(i, xh); return dy[i] * w[i] * xh; };
+          if (rms) s_gx = lane_sum<A>(n, gx);
+          else lane_sum2<A>(n, gx, [&](int64_t i) { return dy[i] * w[i]; }, s_gx, s_g);
+        } else {
+          auto gx = [&](int64_t i) { const A xh = xhat(i); grads(i, xh); return dy[i] * xh; };
+          if (rms) s_gx = lane_sum<A>(n, gx);
+          else lane_sum2<A>(n, gx, [&](int64_t i) { return dy[i]; }, s_gx, s_g);
+        }
+      };
+      if (pw && pb) sums([&](int64_t i, A xh) { pw[i] += dy[i] * xh; pb[i] += dy[i]; });
+      else if (pw) sums([&](int64_t i, A xh) { pw[i] += dy[i] * xh; });
+      else if (pb) sums([&](int64_t i, A) { pb[i] += dy[i]; });
+      else sums([](int64_t, A) {});
       const A c_gx = s_gx * inv_n, c_g = s_g * inv_n;
       T* __restrict dx = static_cast<T*>(p.dx) + r * n;
       if (w)
