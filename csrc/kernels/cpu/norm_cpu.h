@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -340,11 +341,11 @@ void norm_bwd(const BwdParams& p, ParallelFor&& pf) {
   using A = acc_t<T>;
   const int64_t chunks = bwd_num_chunks(p.rows);
   const int64_t n = p.cols;
-  std::vector<A> part_w(p.dw ? size_t(chunks * n) : 0), part_b(p.db ? size_t(chunks * n) : 0);
-  pf(chunks, [&](int64_t b, int64_t e) {
-    norm_bwd_chunks<T, W>(p, b, e, p.dw ? part_w.data() : nullptr, p.db ? part_b.data() : nullptr);
-  });
-  finalize_weight_grads(part_w.data(), part_b.data(), chunks, n, static_cast<W*>(p.dw), static_cast<W*>(p.db), pf);
+  // Uninitialized: each chunk zeroes its own partial rows.
+  std::unique_ptr<A[]> part_w(p.dw ? new A[size_t(chunks * n)] : nullptr);
+  std::unique_ptr<A[]> part_b(p.db ? new A[size_t(chunks * n)] : nullptr);
+  pf(chunks, [&](int64_t b, int64_t e) { norm_bwd_chunks<T, W>(p, b, e, part_w.get(), part_b.get()); });
+  finalize_weight_grads(part_w.get(), part_b.get(), chunks, n, static_cast<W*>(p.dw), static_cast<W*>(p.db), pf);
 }
 
 inline auto serial_for() {
