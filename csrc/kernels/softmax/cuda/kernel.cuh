@@ -108,13 +108,24 @@ struct Place {
 
 template <Mode M>
 __device__ __forceinline__ Place place(const Layout& lay) {
+  // A team smaller than its CTA is a power of two of lanes (plan.h), and only
+  // kCluster spreads a row over CTAs, so shifts place a thread: no division.
   Place pl;
-  const int tpr = lay.threads_per_row, rows_per_cta = int(blockDim.x) / tpr;
-  const int rank = M == Mode::kCluster ? cluster_rank_or_zero(lay.cluster) : 0;
-  const int64_t group = blockIdx.x / lay.cluster, groups = gridDim.x / lay.cluster;
-  pl.row_in_cta = int(threadIdx.x) / tpr;
-  pl.t = rank * tpr + int(threadIdx.x) % tpr;
-  pl.row_threads = tpr * lay.cluster;
+  const int tpr = lay.threads_per_row;
+  const bool one_row = tpr == int(blockDim.x);
+  const int log_tpr = __ffs(tpr) - 1;
+  const int rows_per_cta = one_row ? 1 : int(blockDim.x) >> log_tpr;
+  int rank = 0, ctas = 1;
+  int64_t group = blockIdx.x, groups = gridDim.x;
+  if constexpr (M == Mode::kCluster) {
+    ctas = lay.cluster;
+    rank = cluster_rank_or_zero(lay.cluster);
+    group = int(blockIdx.x) / lay.cluster;
+    groups = int(gridDim.x) / lay.cluster;
+  }
+  pl.row_in_cta = one_row ? 0 : int(threadIdx.x) >> log_tpr;
+  pl.t = rank * tpr + (one_row ? int(threadIdx.x) : int(threadIdx.x) & (tpr - 1));
+  pl.row_threads = tpr * ctas;
   pl.first_row = group * rows_per_cta;
   pl.row_step = groups * rows_per_cta;
   return pl;
