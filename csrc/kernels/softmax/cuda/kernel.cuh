@@ -143,28 +143,32 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
   const Place pl = place<M>(lay);
   MaxSumReducer<A, kCl> red{sh, lay.threads_per_row, lay.cluster, pl.row_in_cta};
   red.init();
-  const int64_t n = p.cols;
-  auto col = [&](int i) { return (int64_t(i) * pl.row_threads + pl.t) * VEC; };
+  // Columns are ints: the plans give these kernels rows of at most 2^18
+  // elements (plan.h), and 64-bit column arithmetic cost instructions per access.
+  const int n = int(p.cols);
+  const int step = pl.row_threads * VEC;  // columns from one of a thread's accesses to the next
+  const int first_col = pl.t * VEC;
+  auto col = [&](int i) { return i * step + first_col; };
   const A scale = A(p.scale);
   // The loop bound is uniform over the CTA (cluster), so every thread reaches every barrier.
   for (int64_t first = pl.first_row; first < p.rows; first += pl.row_step) {
     const int64_t row = first + pl.row_in_cta;
     const bool live = row < p.rows;
-    const int64_t kept = live ? softmax_kept(p, row) : 0;
-    const D* x = static_cast<const D*>(p.in) + row * p.in_stride;
-    Frag<D, VEC> xf[NV];
+    // Without the mask a row keeps every column (the launch picks kCausal = p.causal).
+    const int kept = !live ? 0 : kCausal ? int(softmax_kept(p, row)) : n;
+    // The thread's first column of the row, formed once; access i is i * step on.
+    const D* x = static_cast<const D*>(p.in) + row * p.in_stride + first_col;
+    Frag<D, VEC> xf[NV];  // an access at or past kept is never read, so left unset
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      if (col(i) < kept) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], x + col(i));
-      else xf[i].zero();
-    }
+    for (int i = 0; i < NV; ++i)
+      if (col(i) < kept) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], x + i * step);
     // f(k) for each kept element of access i.  Without the mask an access is
     // whole or past the row (cols is a multiple of VEC), so only causal rows
     // test elements (the forward is bound by its instructions in 16-bit).
     auto each_kept = [&](int i, auto&& f) {
       if constexpr (kCausal) {
-        const int64_t left = kept - col(i);
-        const int valid = left >= VEC ? VEC : left < 0 ? 0 : int(left);
+        const int left = kept - col(i);
+        const int valid = left >= VEC ? VEC : left < 0 ? 0 : left;
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
           if (k < valid) f(k);
@@ -190,20 +194,26 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
     const A row_base = r[0] == neg_inf<A>() ? A(0) : r[0];  // a row of -inf: S = 0, so y is NaN
     const A inv = A(1) / r[1];
     const A log_s = kLog ? log_acc(r[1]) : A(0);
-    D* y = static_cast<D*>(p.out) + row * p.out_stride;
+    D* y = static_cast<D*>(p.out) + row * p.out_stride + first_col;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t c = col(i);
-      if (c >= n) continue;
+      if (col(i) >= n) continue;
       A o[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) o[k] = kLog ? neg_inf<A>() : A(0);
-      each_kept(i, [&](int k) {
+      auto out = [&](int k) {
         const A v = A(xf[i].get(k));
         const A d = fma_acc(v, scale, -row_base);  // z - M
         o[k] = kLog ? d - log_s : fwd_exp(d) * inv;
-      });
-      store_vec(y + c, o);
+      };
+      // Without the mask a live row keeps all n columns: the test above suffices.
+      if constexpr (kCausal) {
+        each_kept(i, out);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) out(k);
+      }
+      store_vec(y + i * step, o);
     }
   }
   red.finish();
