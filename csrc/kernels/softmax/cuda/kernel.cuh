@@ -177,15 +177,33 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
         for (int k = 0; k < VEC; ++k) f(k);
       }
     };
-    A m = neg_inf<A>();
+    // Without the mask, a thread whose last access is in the row (every
+    // thread, where the team's accesses cover the row exactly) holds only
+    // kept elements: that case is compiled apart, with no test an access.
+    // Not in kCluster: there the two copies spilled (8 bytes in bf16).
+    const bool whole = !kCausal && !kCl && col(NV - 1) < kept;
+    A r[2];  // the thread's, then the row's (M, S)
+    auto thread_stats = [&](auto whole_tag) {
+      auto each = [&](int i, auto&& f) {
+        if constexpr (decltype(whole_tag)::value) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) each_kept(i, [&](int k) { m = max_acc(m, A(xf[i].get(k)) * scale); });
-    const A base = m == neg_inf<A>() ? A(0) : m;
-    A s = A(0);
+          for (int k = 0; k < VEC; ++k) f(k);
+        } else {
+          each_kept(i, f);
+        }
+      };
+      A m = neg_inf<A>();
 #pragma unroll
-    for (int i = 0; i < NV; ++i)
-      each_kept(i, [&](int k) { s += fwd_exp(fma_acc(A(xf[i].get(k)), scale, -base)); });
-    A r[2] = {m, s};  // the row's (M, S)
+      for (int i = 0; i < NV; ++i) each(i, [&](int k) { m = max_acc(m, A(xf[i].get(k)) * scale); });
+      const A base = m == neg_inf<A>() ? A(0) : m;
+      A s = A(0);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) each(i, [&](int k) { s += fwd_exp(fma_acc(A(xf[i].get(k)), scale, -base)); });
+      r[0] = m;
+      r[1] = s;
+    };
+    if (whole) thread_stats(std::true_type{});
+    else thread_stats(std::false_type{});
     red.reduce(r);
     if (!live) continue;
     // softmax: exp(z - M) / S, the exponential taken again rather than held
