@@ -150,18 +150,34 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
   const int first_col = pl.t * VEC;
   auto col = [&](int i) { return i * step + first_col; };
   const A scale = A(p.scale);
+  // A row's kept columns: every column without the mask (the launch picks kCausal = p.causal).
+  auto kept_of = [&](int64_t row) { return row >= p.rows ? 0 : kCausal ? int(softmax_kept(p, row)) : n; };
+  // An access at or past kept is never read, so it is left unset.
+  auto load_row = [&](int64_t row, Frag<D, VEC>(&xf)[NV]) {
+    const int kept = kept_of(row);
+    const D* x = static_cast<const D*>(p.in) + row * p.in_stride + first_col;  // access i is i * step on
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+      if (col(i) < kept) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], x + i * step);
+  };
+  // kCluster (a persistent grid) loads the next row before this one is reduced
+  // across the cluster and written, so its loads stay in flight through the
+  // exchange; within 64 registers, so two CTAs still share an SM.
+  Frag<D, VEC> next[NV];
+  if constexpr (kCl) load_row(pl.first_row + pl.row_in_cta, next);
   // The loop bound is uniform over the CTA (cluster), so every thread reaches every barrier.
   for (int64_t first = pl.first_row; first < p.rows; first += pl.row_step) {
     const int64_t row = first + pl.row_in_cta;
     const bool live = row < p.rows;
-    // Without the mask a row keeps every column (the launch picks kCausal = p.causal).
-    const int kept = !live ? 0 : kCausal ? int(softmax_kept(p, row)) : n;
-    // The thread's first column of the row, formed once; access i is i * step on.
-    const D* x = static_cast<const D*>(p.in) + row * p.in_stride + first_col;
-    Frag<D, VEC> xf[NV];  // an access at or past kept is never read, so left unset
+    const int kept = kept_of(row);
+    Frag<D, VEC> xf[NV];
+    if constexpr (kCl) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i)
-      if (col(i) < kept) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], x + i * step);
+      for (int i = 0; i < NV; ++i) xf[i] = next[i];
+      load_row(row + pl.row_step, next);
+    } else {
+      load_row(row, xf);
+    }
     // f(k) for each kept element of access i.  Without the mask an access is
     // whole or past the row (cols is a multiple of VEC), so only causal rows
     // test elements (the forward is bound by its instructions in 16-bit).
