@@ -183,6 +183,13 @@ TEST(SoftmaxPlan, Invariants) {
           ASSERT_GE(held, cols) << "cols " << cols;
           ASSERT_TRUE(p.threads_per_row <= 32 ? (p.threads_per_row & (p.threads_per_row - 1)) == 0
                                               : p.threads_per_row % 32 == 0);
+          // place() shifts: a team is a power of two of lanes or the whole CTA,
+          // and only clusters spread a row over CTAs.
+          ASSERT_TRUE((p.threads_per_row & (p.threads_per_row - 1)) == 0 || p.threads_per_row == p.cta_threads);
+          ASSERT_TRUE(p.threads_per_row <= 32 || p.threads_per_row == p.cta_threads);
+          ASSERT_TRUE(p.strategy == Strategy::kCluster || p.cluster == 1);
+          // The row kernels count columns in ints.
+          ASSERT_LE(held, int64_t(INT32_MAX));
           if (p.strategy == Strategy::kCluster) {
             ASSERT_GE(cc, 9);
             ASSERT_LE(p.cluster, kPlanMaxCluster);

@@ -563,7 +563,9 @@ struct RowReducer {
   // same in every CTA); clusters only, and every CTA passes tok or none does.
   __device__ void reduce(A (&v)[K], int& token, int* tok) {
     const int parity = count & 1;
-    butterfly_merge<Op, 32>(v, tpr < 32 ? tpr : 32);
+    // Teams of whole warps take every step: no per-step test (same bits).
+    if (tpr >= 32) butterfly_merge<Op, 32>(v);
+    else butterfly_merge<Op, 32>(v, tpr);
     if (tpr > 32) {
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpr = tpr / 32;
       if (lane == 0)

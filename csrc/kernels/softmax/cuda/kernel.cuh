@@ -108,13 +108,24 @@ struct Place {
 
 template <Mode M>
 __device__ __forceinline__ Place place(const Layout& lay) {
+  // A team smaller than its CTA is a power of two of lanes (plan.h), and only
+  // kCluster spreads a row over CTAs, so shifts place a thread: no division.
   Place pl;
-  const int tpr = lay.threads_per_row, rows_per_cta = int(blockDim.x) / tpr;
-  const int rank = M == Mode::kCluster ? cluster_rank_or_zero(lay.cluster) : 0;
-  const int64_t group = blockIdx.x / lay.cluster, groups = gridDim.x / lay.cluster;
-  pl.row_in_cta = int(threadIdx.x) / tpr;
-  pl.t = rank * tpr + int(threadIdx.x) % tpr;
-  pl.row_threads = tpr * lay.cluster;
+  const int tpr = lay.threads_per_row;
+  const bool one_row = tpr == int(blockDim.x);
+  const int log_tpr = __ffs(tpr) - 1;
+  const int rows_per_cta = one_row ? 1 : int(blockDim.x) >> log_tpr;
+  int rank = 0, ctas = 1;
+  int64_t group = blockIdx.x, groups = gridDim.x;
+  if constexpr (M == Mode::kCluster) {
+    ctas = lay.cluster;
+    rank = cluster_rank_or_zero(lay.cluster);
+    group = int(blockIdx.x) / lay.cluster;
+    groups = int(gridDim.x) / lay.cluster;
+  }
+  pl.row_in_cta = one_row ? 0 : int(threadIdx.x) >> log_tpr;
+  pl.t = rank * tpr + (one_row ? int(threadIdx.x) : int(threadIdx.x) & (tpr - 1));
+  pl.row_threads = tpr * ctas;
   pl.first_row = group * rows_per_cta;
   pl.row_step = groups * rows_per_cta;
   return pl;
@@ -132,28 +143,48 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
   const Place pl = place<M>(lay);
   MaxSumReducer<A, kCl> red{sh, lay.threads_per_row, lay.cluster, pl.row_in_cta};
   red.init();
-  const int64_t n = p.cols;
-  auto col = [&](int i) { return (int64_t(i) * pl.row_threads + pl.t) * VEC; };
+  // Columns are ints: the plans give these kernels rows of at most 2^18
+  // elements (plan.h), and 64-bit column arithmetic cost instructions per access.
+  const int n = int(p.cols);
+  const int step = pl.row_threads * VEC;  // columns from one of a thread's accesses to the next
+  const int first_col = pl.t * VEC;
+  auto col = [&](int i) { return i * step + first_col; };
   const A scale = A(p.scale);
+  // A row's kept columns: every column without the mask (the launch picks kCausal = p.causal).
+  auto kept_of = [&](int64_t row) { return row >= p.rows ? 0 : kCausal ? int(softmax_kept(p, row)) : n; };
+  // An access at or past kept is never read, so it is left unset.
+  auto load_row = [&](int64_t row, Frag<D, VEC>(&xf)[NV]) {
+    const int kept = kept_of(row);
+    const D* x = static_cast<const D*>(p.in) + row * p.in_stride + first_col;  // access i is i * step on
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+      if (col(i) < kept) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], x + i * step);
+  };
+  // kCluster (a persistent grid) loads the next row before this one is reduced
+  // across the cluster and written, so its loads stay in flight through the
+  // exchange; within 64 registers, so two CTAs still share an SM.
+  Frag<D, VEC> next[NV];
+  if constexpr (kCl) load_row(pl.first_row + pl.row_in_cta, next);
   // The loop bound is uniform over the CTA (cluster), so every thread reaches every barrier.
   for (int64_t first = pl.first_row; first < p.rows; first += pl.row_step) {
     const int64_t row = first + pl.row_in_cta;
     const bool live = row < p.rows;
-    const int64_t kept = live ? softmax_kept(p, row) : 0;
-    const D* x = static_cast<const D*>(p.in) + row * p.in_stride;
+    const int kept = kept_of(row);
     Frag<D, VEC> xf[NV];
+    if constexpr (kCl) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      if (col(i) < kept) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], x + col(i));
-      else xf[i].zero();
+      for (int i = 0; i < NV; ++i) xf[i] = next[i];
+      load_row(row + pl.row_step, next);
+    } else {
+      load_row(row, xf);
     }
     // f(k) for each kept element of access i.  Without the mask an access is
     // whole or past the row (cols is a multiple of VEC), so only causal rows
     // test elements (the forward is bound by its instructions in 16-bit).
     auto each_kept = [&](int i, auto&& f) {
       if constexpr (kCausal) {
-        const int64_t left = kept - col(i);
-        const int valid = left >= VEC ? VEC : left < 0 ? 0 : int(left);
+        const int left = kept - col(i);
+        const int valid = left >= VEC ? VEC : left < 0 ? 0 : left;
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
           if (k < valid) f(k);
@@ -162,15 +193,33 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
         for (int k = 0; k < VEC; ++k) f(k);
       }
     };
-    A m = neg_inf<A>();
+    // Without the mask, a thread whose last access is in the row (every
+    // thread, where the team's accesses cover the row exactly) holds only
+    // kept elements: that case is compiled apart, with no test an access.
+    // Not in kCluster: there the two copies spilled (8 bytes in bf16).
+    const bool whole = !kCausal && !kCl && col(NV - 1) < kept;
+    A r[2];  // the thread's, then the row's (M, S)
+    auto thread_stats = [&](auto whole_tag) {
+      auto each = [&](int i, auto&& f) {
+        if constexpr (decltype(whole_tag)::value) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) each_kept(i, [&](int k) { m = max_acc(m, A(xf[i].get(k)) * scale); });
-    const A base = m == neg_inf<A>() ? A(0) : m;
-    A s = A(0);
+          for (int k = 0; k < VEC; ++k) f(k);
+        } else {
+          each_kept(i, f);
+        }
+      };
+      A m = neg_inf<A>();
 #pragma unroll
-    for (int i = 0; i < NV; ++i)
-      each_kept(i, [&](int k) { s += fwd_exp(fma_acc(A(xf[i].get(k)), scale, -base)); });
-    A r[2] = {m, s};  // the row's (M, S)
+      for (int i = 0; i < NV; ++i) each(i, [&](int k) { m = max_acc(m, A(xf[i].get(k)) * scale); });
+      const A base = m == neg_inf<A>() ? A(0) : m;
+      A s = A(0);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) each(i, [&](int k) { s += fwd_exp(fma_acc(A(xf[i].get(k)), scale, -base)); });
+      r[0] = m;
+      r[1] = s;
+    };
+    if (whole) thread_stats(std::true_type{});
+    else thread_stats(std::false_type{});
     red.reduce(r);
     if (!live) continue;
     // softmax: exp(z - M) / S, the exponential taken again rather than held
@@ -179,20 +228,26 @@ __global__ void FLN_MAX_REGS(row_regs<T>(false)) softmax_fwd_kernel(const Softma
     const A row_base = r[0] == neg_inf<A>() ? A(0) : r[0];  // a row of -inf: S = 0, so y is NaN
     const A inv = A(1) / r[1];
     const A log_s = kLog ? log_acc(r[1]) : A(0);
-    D* y = static_cast<D*>(p.out) + row * p.out_stride;
+    D* y = static_cast<D*>(p.out) + row * p.out_stride + first_col;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t c = col(i);
-      if (c >= n) continue;
+      if (col(i) >= n) continue;
       A o[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) o[k] = kLog ? neg_inf<A>() : A(0);
-      each_kept(i, [&](int k) {
+      auto out = [&](int k) {
         const A v = A(xf[i].get(k));
         const A d = fma_acc(v, scale, -row_base);  // z - M
         o[k] = kLog ? d - log_s : fwd_exp(d) * inv;
-      });
-      store_vec(y + c, o);
+      };
+      // Without the mask a live row keeps all n columns: the test above suffices.
+      if constexpr (kCausal) {
+        each_kept(i, out);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) out(k);
+      }
+      store_vec(y + i * step, o);
     }
   }
   red.finish();

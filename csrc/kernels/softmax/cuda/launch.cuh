@@ -18,6 +18,8 @@ namespace softmax_kernels {
 
 static_assert(kPlanMaxThreads == kMaxThreads && kPlanMaxCluster == kMaxCluster, "plan.h and kernel.cuh agree");
 static_assert(kPlanMaxThreads <= kMaxCtaThreads && kLoopThreads <= kMaxCtaThreads, "RowReducer's warp slots");
+static_assert(int64_t(kPlanMaxCluster) * kPlanMaxThreads * kThreadBytes <= INT32_MAX,
+              "the row kernels count a row's columns in ints");
 
 // The backward's loop kernel holds half the accesses of each input (two
 // inputs in 64 registers: with all of them, fp32 spilled).
