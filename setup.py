@@ -21,6 +21,17 @@ except ImportError as e:  # pragma: no cover - build-time message
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
+# torch 2.15 holds autograd nodes in intrusive_ptr and compiles extensions as
+# C++20; our C++ autograd (csrc/torch/*_autograd.cpp) is written against the
+# shared_ptr nodes of earlier versions, so fail here with the reason instead
+# of in the compiler.
+_TORCH_MAJOR_MINOR = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+if _TORCH_MAJOR_MINOR >= (2, 15):
+    raise RuntimeError(
+        f"fused_layernorm does not build against torch {torch.__version__} yet (torch 2.15 changed its "
+        "C++ autograd API); install torch<2.15 first (tested: 2.11), e.g. pip install 'torch==2.11.*'"
+    )
+
 
 def check_build_tools():
     """pip builds a wheel: with setuptools older than 70.1 that needs the
