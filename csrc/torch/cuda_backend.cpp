@@ -111,11 +111,11 @@ void cuda_add_norm_bwd(const AddNormBwdParams& p, at::ScalarType xt, at::ScalarT
 
 // cos/sin: q's dtype or float32 (for 16-bit q), as a norm's weight.
 void cuda_rope(const RopeParams& p, at::ScalarType t, at::ScalarType c, const Tensor& like) {
-  run(like, t, c, "rotary kernel launch", [&](auto tt, auto ct, const auto&, cudaStream_t s, auto) {
+  run(like, t, c, "rotary kernel launch", [&](auto tt, auto ct, const auto& dev, cudaStream_t s, auto) {
     using T = type_of<decltype(tt)>;
     using C = type_of<decltype(ct)>;
     if constexpr (std::is_same_v<T, double> && !std::is_same_v<C, double>) return cudaErrorNotSupported;
-    else return fln::cuda::rope<T, C>(p, s);
+    else return fln::cuda::rope<T, C>(p, dev, s);
   });
 }
 

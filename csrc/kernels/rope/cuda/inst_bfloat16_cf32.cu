@@ -2,5 +2,5 @@
 #include "launch.cuh"
 
 namespace fln::cuda {
-template cudaError_t rope<fln::BFloat16, float>(const RopeParams&, cudaStream_t);
+template cudaError_t rope<fln::BFloat16, float>(const RopeParams&, const DeviceInfo&, cudaStream_t);
 }  // namespace fln::cuda

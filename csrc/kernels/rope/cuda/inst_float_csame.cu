@@ -2,5 +2,5 @@
 #include "launch.cuh"
 
 namespace fln::cuda {
-template cudaError_t rope<float, float>(const RopeParams&, cudaStream_t);
+template cudaError_t rope<float, float>(const RopeParams&, const DeviceInfo&, cudaStream_t);
 }  // namespace fln::cuda

@@ -4,7 +4,9 @@
 // (plan.h: two accesses of P elements holding whole rotation pairs) and
 // heads ty, ty + y, ... of q then k, kRowsInFlight at a time: all their
 // loads are issued before the first store.  The unit's cos and sin are
-// loaded once per token and serve every head.
+// loaded once per token and serve every head.  While it loads a token's
+// rows, a thread asks L2 for the same rows of the token lay.prefetch ahead
+// (plan.h), so DRAM reads run ahead of what the registers hold.
 #pragma once
 #include "../../cuda/common.cuh"
 #include "../params.h"
@@ -16,7 +18,10 @@ struct Layout {
   int x = 1;  // threads over the units of a head
   int y = 1;  // threads over the heads of a token
   int z = 1;  // tokens a CTA takes at a time
+  int64_t prefetch = 0;  // tokens ahead whose rows are prefetched into L2 (0: none)
 };
+
+__device__ __forceinline__ void prefetch_l2(const void* ptr) { asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr)); }
 
 // The 2P cos (or sin) values of a unit, at offsets o1 and o2 of the token's
 // row, read in pieces of at most 16 bytes (float cos with 16-bit q is 32).
@@ -112,6 +117,11 @@ __global__ void __launch_bounds__(kCtaThreads, kMinCtas) rope_kernel(const RopeP
     const DC* sin_row = static_cast<const DC*>(p.sin) + cs;
     const Rows<D> q(p.q, p.q_in, p.q_out, p.q_out_strides, bi, si);
     const Rows<D> k(p.k, p.k_in, p.k_out, p.k_out_strides, bi, si);
+    const int64_t ahead = t + lay.prefetch;
+    const bool prefetch = lay.prefetch > 0 && ahead < tokens;
+    const int64_t ba = prefetch ? ahead / p.seq : 0, sa = ahead - ba * p.seq;
+    const D* q_ahead = static_cast<const D*>(p.q) + ba * p.q_in.batch + sa * p.q_in.seq;
+    const D* k_ahead = static_cast<const D*>(p.k) + ba * p.k_in.batch + sa * p.k_in.seq;
     for (int u = tx; u < units; u += lay.x) {
       const bool rotary = u < rot_units;
       const int o1 = !rotary ? rot + (u - rot_units) * 2 * P : kInterleaved ? 2 * u * P : u * P;
@@ -127,6 +137,11 @@ __global__ void __launch_bounds__(kCtaThreads, kMinCtas) rope_kernel(const RopeP
         for (int i = 0; i < kRowsInFlight; ++i) {
           const int r = r0 + i * lay.y;
           if (r < rows) {
+            if (prefetch) {
+              const D* next = r < hq ? q_ahead + r * q.in_head : k_ahead + (r - hq) * k.in_head;
+              prefetch_l2(next + o1);
+              prefetch_l2(next + o2);
+            }
             const D* in = r < hq ? q.in + r * q.in_head : k.in + (r - hq) * k.in_head;
             load_l1<L1Policy::kNoAllocate>(a[i], in + o1);
             load_l1<L1Policy::kNoAllocate>(b[i], in + o2);

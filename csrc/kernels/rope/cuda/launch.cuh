@@ -5,6 +5,7 @@
 
 #include <type_traits>
 
+#include "../../add_norm/cuda/launch.cuh"
 #include "kernel.cuh"
 #include "plan.h"
 #include "rope_cuda.h"
@@ -12,7 +13,7 @@
 namespace fln::cuda {
 
 template <typename T, typename C>
-cudaError_t rope(const RopeParams& p, cudaStream_t stream) {
+cudaError_t rope(const RopeParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   using namespace rotary;
   const int64_t tokens = p.batch * p.seq, rows = p.heads_q + p.heads_k;
   if (tokens == 0 || rows == 0 || p.head_dim == 0) return cudaSuccess;
@@ -25,12 +26,14 @@ cudaError_t rope(const RopeParams& p, cudaStream_t stream) {
                 whole(p.q_in) && whole(p.q_out_strides);
   if (p.heads_k > 0)
     vec_ok = vec_ok && aligned(p.k) && aligned(p.k_out) && whole(p.k_in) && whole(p.k_out_strides);
-  const Plan pl = make_plan(tokens, rows, p.head_dim, int(sizeof(T)), vec_ok);
-  const Layout lay{pl.threads_x, pl.threads_y, pl.threads_z};
-  const dim3 grid(unsigned(pl.grid)), block(unsigned(pl.threads_x * pl.threads_y * pl.threads_z));
+  const rotary::Plan pl = rotary::make_plan(tokens, rows, p.head_dim, int(sizeof(T)), vec_ok);
+  const int threads = pl.threads_x * pl.threads_y * pl.threads_z;
   auto go = [&](auto vec_tag, auto interleaved_tag, auto bwd_tag) {
-    rope_kernel<T, C, decltype(vec_tag)::value, decltype(interleaved_tag)::value, decltype(bwd_tag)::value>
-        <<<grid, block, 0, stream>>>(p, lay);
+    auto* kernel =
+        &rope_kernel<T, C, decltype(vec_tag)::value, decltype(interleaved_tag)::value, decltype(bwd_tag)::value>;
+    const Layout lay{pl.threads_x, pl.threads_y, pl.threads_z,
+                     prefetch_tokens(add_norm::resident(kernel, dev, threads, 1, 0), pl.threads_z)};
+    kernel<<<dim3(unsigned(pl.grid)), dim3(unsigned(threads)), 0, stream>>>(p, lay);
   };
   auto with_bwd = [&](auto vec_tag, auto interleaved_tag) {
     if (p.backward) go(vec_tag, interleaved_tag, std::true_type{});

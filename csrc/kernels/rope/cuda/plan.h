@@ -25,6 +25,12 @@ struct Plan {
 
 constexpr int64_t kMaxGrid = 0x7fffffff;
 
+// Tokens ahead a thread prefetches into L2: the tokens of half a round of
+// resident CTAs.  The rows a thread holds in registers alone keep too few bytes
+// in flight to fill an H200's bandwidth (80% of copy at bf16); half a round
+// lands before the CTAs that read it start, and within L2 (a few MB).
+inline int64_t prefetch_tokens(int64_t resident_ctas, int threads_z) { return resident_ctas * threads_z / 2; }
+
 inline Plan make_plan(int64_t tokens, int64_t rows, int64_t head_dim, int elem_bytes, bool vec_ok) {
   Plan p;
   p.vec = vec_ok ? 16 / elem_bytes : 1;

@@ -1,15 +1,16 @@
 // Framework-free entry point of the rotary CUDA kernel: raw pointers in
-// RopeParams, a stream, a cudaError_t back.  T is q's and k's dtype (double,
+// RopeParams, the device, a stream, a cudaError_t back.  T is q's and k's dtype (double,
 // float, fln::Half, fln::BFloat16), C cos's and sin's (T or float).
 // Instantiated in the inst_*.cu files.
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include "../../cuda/norm_cuda.h"
 #include "../params.h"
 
 namespace fln::cuda {
 
 template <typename T, typename C>
-cudaError_t rope(const RopeParams& p, cudaStream_t stream);
+cudaError_t rope(const RopeParams& p, const DeviceInfo& dev, cudaStream_t stream);
 
 }  // namespace fln::cuda
