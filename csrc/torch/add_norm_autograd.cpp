@@ -37,7 +37,7 @@ const auto& bwd_op() {
 
 OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 SavedVariable save(const OptTensor& t) { return t && t->defined() ? SavedVariable(*t, false) : SavedVariable(); }
-bool requires(const OptTensor& t) { return t && t->defined() && t->requires_grad(); }
+bool needs_grad(const OptTensor& t) { return t && t->defined() && t->requires_grad(); }
 
 // Edges: input, residual, weight, bias (an absent one has an invalid edge).
 class AddNormBackward : public torch::autograd::Node {
@@ -83,7 +83,7 @@ std::tuple<Tensor, Tensor, Tensor> add_norm_autograd(const Tensor& input, const 
   TORCH_CHECK(!dual(input) && !dual(residual) && !dual(w) && !dual(b),
               "fused_layernorm: forward-mode AD (dual tensors, torch.func.jvp, jacfwd) is not implemented");
   const bool record = at::GradMode::is_enabled() &&
-                      (input.requires_grad() || requires(residual) || requires(w) || requires(b));
+                      (input.requires_grad() || needs_grad(residual) || needs_grad(w) || needs_grad(b));
   const at::ScalarType h_dtype = rt ? *rt : residual && residual->defined() ? residual->scalar_type()
                                                                               : input.scalar_type();
   // The backward needs h; where h is x, x itself is saved.
