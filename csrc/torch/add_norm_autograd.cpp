@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "add_norm_ops.h"
+#include "autograd_compat.h"
 
 namespace fln::glue {
 
@@ -56,7 +57,7 @@ class AddNormBackward : public torch::autograd::Node {
   }
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    const Tensor h = saved[kH].unpack(shared_from_this());
+    const Tensor h = saved[kH].unpack(getptr());
     const Tensor dh = grads.size() > 1 ? grads[1] : Tensor();  // h is an output only when returned
     if (!grads[0].defined() && !dh.defined()) return variable_list(4);
     // zeros_like, not zeros: a tensor subclass (DTensor) gets a zero gradient of its own kind and placement.
@@ -96,7 +97,7 @@ std::tuple<Tensor, Tensor, Tensor> add_norm_autograd(const Tensor& input, const 
         fwd_op().call(input, residual, shape, w, b, eps, rms, p, offset, rt, store_h, return_mask, gen);
   }
   if (record) {
-    auto node = std::shared_ptr<AddNormBackward>(new AddNormBackward(), torch::autograd::deleteNode);
+    auto node = make_node<AddNormBackward>();
     node->set_next_edges(torch::autograd::collect_next_edges(input, residual, w, b));
     node->saved[AddNormBackward::kWeight] = save(w);
     node->saved[AddNormBackward::kBias] = save(b);
