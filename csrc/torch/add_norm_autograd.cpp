@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "add_norm_ops.h"
+#include "autograd_compat.h"
 
 namespace fln::glue {
 
@@ -37,7 +38,7 @@ const auto& bwd_op() {
 
 OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 SavedVariable save(const OptTensor& t) { return t && t->defined() ? SavedVariable(*t, false) : SavedVariable(); }
-bool requires(const OptTensor& t) { return t && t->defined() && t->requires_grad(); }
+bool needs_grad(const OptTensor& t) { return t && t->defined() && t->requires_grad(); }
 
 // Edges: input, residual, weight, bias (an absent one has an invalid edge).
 class AddNormBackward : public torch::autograd::Node {
@@ -56,7 +57,7 @@ class AddNormBackward : public torch::autograd::Node {
   }
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    const Tensor h = saved[kH].unpack(shared_from_this());
+    const Tensor h = saved[kH].unpack(getptr());
     const Tensor dh = grads.size() > 1 ? grads[1] : Tensor();  // h is an output only when returned
     if (!grads[0].defined() && !dh.defined()) return variable_list(4);
     // zeros_like, not zeros: a tensor subclass (DTensor) gets a zero gradient of its own kind and placement.
@@ -83,7 +84,7 @@ std::tuple<Tensor, Tensor, Tensor> add_norm_autograd(const Tensor& input, const 
   TORCH_CHECK(!dual(input) && !dual(residual) && !dual(w) && !dual(b),
               "fused_layernorm: forward-mode AD (dual tensors, torch.func.jvp, jacfwd) is not implemented");
   const bool record = at::GradMode::is_enabled() &&
-                      (input.requires_grad() || requires(residual) || requires(w) || requires(b));
+                      (input.requires_grad() || needs_grad(residual) || needs_grad(w) || needs_grad(b));
   const at::ScalarType h_dtype = rt ? *rt : residual && residual->defined() ? residual->scalar_type()
                                                                               : input.scalar_type();
   // The backward needs h; where h is x, x itself is saved.
@@ -96,7 +97,7 @@ std::tuple<Tensor, Tensor, Tensor> add_norm_autograd(const Tensor& input, const 
         fwd_op().call(input, residual, shape, w, b, eps, rms, p, offset, rt, store_h, return_mask, gen);
   }
   if (record) {
-    auto node = std::shared_ptr<AddNormBackward>(new AddNormBackward(), torch::autograd::deleteNode);
+    auto node = make_node<AddNormBackward>();
     node->set_next_edges(torch::autograd::collect_next_edges(input, residual, w, b));
     node->saved[AddNormBackward::kWeight] = save(w);
     node->saved[AddNormBackward::kBias] = save(b);

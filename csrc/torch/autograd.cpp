@@ -15,6 +15,7 @@
 #include <array>
 #include <mutex>
 
+#include "autograd_compat.h"
 #include "norm_ops.h"
 
 namespace fln::glue {
@@ -167,11 +168,6 @@ class RMSNormBackward : public NormBackward<3> {
 
 // Saves a tensor that may be absent (an optional weight or bias).
 SavedVariable save(const OptTensor& t) { return t && t->defined() ? SavedVariable(*t, false) : SavedVariable(); }
-
-template <typename N>
-std::shared_ptr<N> make_node() {
-  return std::shared_ptr<N>(new N(), torch::autograd::deleteNode);
-}
 
 // Forward-mode AD (dual tensors, torch.func.jvp / jacfwd) has no formula
 // here: an error, not a tangent silently dropped.

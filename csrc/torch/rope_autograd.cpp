@@ -14,6 +14,7 @@
 
 #include <mutex>
 
+#include "autograd_compat.h"
 #include "rope_ops.h"
 
 namespace fln::glue {
@@ -122,7 +123,7 @@ RopeOut rope_autograd(const Tensor& q, const Tensor& k, const Tensor& cos_in, co
     std::tie(q_out, k_out) = fwd_op().call(q, k, cos, sin, unsqueeze_dim, interleaved);
   }
   if (record) {
-    auto node = std::shared_ptr<RopeBackward>(new RopeBackward(), torch::autograd::deleteNode);
+    auto node = make_node<RopeBackward>();
     node->set_next_edges(torch::autograd::collect_next_edges(q, k, cos, sin));
     node->saved[RopeBackward::kCos] = SavedVariable(cos, false);
     node->saved[RopeBackward::kSin] = SavedVariable(sin, false);

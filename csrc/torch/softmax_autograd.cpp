@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 
+#include "autograd_compat.h"
 #include "softmax_ops.h"
 
 namespace fln::glue {
@@ -67,7 +68,7 @@ class SoftmaxBackward : public torch::autograd::Node {
     std::lock_guard<std::mutex> lock(mutex_);
     variable_list out(1);
     if (!grads[0].defined() || !task_should_compute_output(0)) return out;
-    const Tensor yv = to_last(y.unpack(shared_from_this()), d);
+    const Tensor yv = to_last(y.unpack(getptr()), d);
     out[0] = to_last(bwd_op().call(yv, to_last(grads[0], d), log, scale, causal), d);
     return out;
   }
@@ -86,7 +87,7 @@ Tensor softmax_autograd(const Tensor& input, int64_t dim, bool log, double scale
     result = to_last(fwd_op().call(to_last(input, d), log, scale, causal), d);
   }
   if (record) {
-    auto node = std::shared_ptr<SoftmaxBackward>(new SoftmaxBackward(), torch::autograd::deleteNode);
+    auto node = make_node<SoftmaxBackward>();
     node->set_next_edges(torch::autograd::collect_next_edges(input));
     node->d = d;
     node->log = log;
