@@ -110,6 +110,6 @@ setup(
     packages=find_packages(include=["fused_layernorm", "fused_layernorm.*"]),
     ext_modules=[extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=["torch"],
 )
