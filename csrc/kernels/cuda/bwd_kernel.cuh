@@ -60,22 +60,21 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   constexpr int kPer = Slot::kElems, kSlots = VEC / kPer;  // slots per access
   constexpr bool kStagedPipe = staged(PIPE), kRegAcc = kStagedPipe;
   constexpr int kRows = bwd_rows_per_sum(PIPE), kSums = 2 * kRows;
-  // kNone runs 16-bit rows no other pipe fits (the 16-bit clusters before
-  // v12e), whose kernel spills at 16 elements a thread and 64 registers (52
-  // bytes).  There, x and dy loads that skip L1
-  // and evict-first dx stores leave L1 to the spills (v8c, H200: bf16 16384
-  // 60 -> 67, 32768 55 -> 62% of copy bandwidth).  fp32 clusters, which do
-  // not spill, lost 3.6 points with them (16384), and the other pipes 1-11.
+  // kNone runs 16-bit rows no other pipe fits, whose kernel spills at 16
+  // elements a thread and 64 registers.  There, x and dy loads that skip L1
+  // and evict-first dx stores leave L1 to the spills, which measured faster.
+  // fp32 clusters, which do not spill, and the other pipes ran slower with
+  // them.
   constexpr bool kStream = PIPE == BwdPipe::kNone && sizeof(T) == 2;
   static_assert(!kStagedPipe || VEC * sizeof(T) == 16, "cp.async stages move 16-byte accesses");
-  // 16-bit x: xhat = x * rstd - mean * rstd and (x - mean) * c1 + c0 = x *
-  // c1 + (c0 - mean * c1), one FMA an element each (the forward's xhat,
-  // v7b).  Rounding the row's constants costs about 2^-24 |mean| / std
-  // of xhat, and a 16-bit x whose |mean| / std passes 2^11 has barely two
-  // values a row.  fp32 x keeps the subtraction: an offset of 1e4 is exact
-  // there (test_layer_norm_data_offset_by_1e4).  Not in the prefetch pipe's
-  // two rows of 16 elements: its 96-register kernel then spilled in the row
-  // loop (v14e, H200, fp16 5120 94.5 -> 74.8% of copy bandwidth).
+  // 16-bit x: xhat = x * rstd - mean * rstd and (x - mean) * c1 + c0 =
+  // x * c1 + (c0 - mean * c1), one FMA an element each (as the forward's
+  // xhat).  Rounding the row's constants costs about 2^-24 |mean| / std of
+  // xhat, and a 16-bit x whose |mean| / std passes 2^11 has barely two values
+  // a row.  fp32 x keeps the subtraction: an offset of 1e4 is exact there
+  // (test_layer_norm_data_offset_by_1e4).  Not in the prefetch pipe's two
+  // rows of 16 elements: its 96-register kernel then spilled in the row loop
+  // and ran far slower.
   constexpr bool kFold = sizeof(T) == 2 && (kStagedPipe || NV * VEC <= 8);
   __shared__ ReduceSmem<A, kSums, 4> smem;
   // (dweight, dbias) partials, [NV * kSlots][CTA threads]: each thread owns
@@ -144,9 +143,8 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
         r.dy[i].zero();
       } else {
         const int64_t xo = row * p.x_stride + col(i), dyo = row * p.dy_stride + col(i);
-        // evict_last in L2, as the forward's x (fwd_kernel.cuh; H200, %
-        // of copy bandwidth: LN bf16 256 94.0 -> 94.8, 16384 91.5 -> 92.4,
-        // fp32 1024 97.7 -> 98.6, fp32 16384 92.5 -> 95.5; docs/performance.md v26b).
+        // evict_last in L2, as the forward's x (fwd_kernel.cuh), which
+        // measured faster here too.
         if constexpr (kStream) {
           load_l1<L1Policy::kNoAllocate, L2Policy::kEvictLast>(r.x[i], xg + xo);
           load_l1<L1Policy::kNoAllocate, L2Policy::kEvictLast>(r.dy[i], dyg + dyo);
@@ -182,10 +180,9 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
   };
 
   RowIn cur, next;
-  // Staged: the statistics of the next iteration and of the one after,
-  // loaded as far ahead as the rows themselves.  One row ahead, their
-  // latency showed whenever a row took less time than a load (fp32 5120 at
-  // 10 warps an SM: v7d).
+  // Staged: the statistics of the next iteration and of the one after, loaded
+  // as far ahead as the rows themselves.  One row ahead, their latency showed
+  // whenever a row took less time than a load.
   Stats st_next{}, st_ahead{};
   Frag<T, VEC> xs[kStagedPipe && PIPE != BwdPipe::kStagedReread ? kRows : 1][NV];
   Frag<T, VEC> dys[kStagedPipe && PIPE != BwdPipe::kStagedReread ? kRows : 1][NV];
@@ -356,10 +353,10 @@ __device__ __forceinline__ void norm_bwd_rows(BwdParams p, RowLayout lay, dacc_t
 }
 
 // Register caps (at most 64K / REGS threads per SM): 64, two 512-thread CTAs
-// per SM, through launch bounds; larger caps through __maxnreg__.  H200, % of
-// copy bandwidth: fp32 4096 under kNone ran at 89.5 with the launch bounds and
-// 77.9 with __maxnreg__(64); bf16 8192 under kStaged ran at 72.5 with
-// __maxnreg__(128) and 70.3 with launch bounds (512, 1).
+// per SM, through launch bounds; larger caps through __maxnreg__.  Each form
+// measured faster where it is used: fp32 under kNone ran slower with
+// __maxnreg__(64) than with the launch bounds, bf16 under kStaged slower with
+// launch bounds (512, 1) than with __maxnreg__(128).
 template <typename T, typename W, int VEC, int NV, BwdPipe PIPE>
 __global__ void __launch_bounds__(kMaxCtaThreads, 2)
 norm_bwd_kernel(BwdParams p, RowLayout lay, dacc_t<T>* part_w, dacc_t<T>* part_b) {

@@ -7,8 +7,7 @@
 //   3. bwd_split_dx_kernel: dx per (row, chunk), and per CTA the dweight /
 //      dbias partials of its chunk over its rows (one partial row per grid row).
 // x and dy are read twice (5 units of traffic instead of 3), but every SM has
-// work at any row length.  Clusters beat it since their sums are pushed
-// (docs/performance.md, v10d, v12b).
+// work at any row length.  Clusters beat it since their sums are pushed.
 // Every sum has a fixed order: results are bitwise reproducible.
 #pragma once
 #include "common.cuh"

@@ -155,7 +155,7 @@ __device__ __forceinline__ A affine(HasW, HasB, A xh, const FW& w, const FW& b, 
 // 16-byte loads with an L1 policy and an L2 eviction priority; other widths
 // take an ordinary load.  The caller guarantees 16-byte alignment.  The asm
 // is volatile: otherwise the compiler takes it for a pure function of the
-// address and may hoist it out of the test around it (v26's first build
+// address and may hoist it out of the test around it (a non-volatile build
 // loaded the weight and bias of fwd_rows_kernel.cuh past with_affine's
 // null tests: an illegal address where either was absent).  No memory
 // clobber (.nc): the kernels never write what they load this way.  The L2
@@ -172,8 +172,8 @@ __device__ __forceinline__ A affine(HasW, HasB, A xh, const FW& w, const FW& b, 
 //   bias evict_last in L2; the re-read kernel marks x evict_last on its
 //   first read and evict_first on its last, as torch.compile's Triton
 //   kernels do.  Worth 1-4 points of copy bandwidth (fwd_kernel.cuh,
-//   fwd_reread_kernel.cuh, docs/performance.md v26); why the L2 priority of
-//   lines read once matters is not established.
+//   fwd_reread_kernel.cuh); why the L2 priority of lines read once matters is
+//   not established.
 enum class L1Policy { kNoAllocate, kEvictLast, kEvictFirst, kNormal };
 enum class L2Policy { kNormal, kEvictLast, kEvictFirst };
 
@@ -358,11 +358,11 @@ __device__ __forceinline__ void store_partial_row(const A* rw, const A* rb, A* p
 // Largest thread-block cluster of any kernel (sm_90; launch_plan.h plans at most 16).
 constexpr int kMaxClusterCtas = 16;
 
-// Cluster exchange of CTA sums by push (sm_90): each CTA stores its sums
-// into a slot of every CTA of the cluster (st.async), which signals that
-// CTA's mbarrier with the bytes; a CTA then waits on its own mbarrier and
-// reads its own shared memory.  One one-way remote store a reduction,
-// against a full cluster barrier and remote loads (docs/performance.md, v12a).
+// Cluster exchange of CTA sums by push (sm_90): each CTA stores its sums into
+// a slot of every CTA of the cluster (st.async), which signals that CTA's
+// mbarrier with the bytes; a CTA then waits on its own mbarrier and reads its
+// own shared memory.  One one-way remote store a reduction, against a full
+// cluster barrier and remote loads (docs/design.md, "One reducer").
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -447,14 +447,12 @@ __device__ __forceinline__ void st_async(uint32_t addr, double v, uint32_t bar) 
 // so one barrier per reduction suffices (a buffer is rewritten only two
 // reductions later, after every thread has passed the barrier of the
 // reduction in between).  The clusters' sums use NB buffers in turn: with 4
-// rather than 2, 16-bit backward clusters under kStagedReread ran faster
-// (H200, % of copy bandwidth: LN bf16 12288 81.0 -> 85.5, 24576 71.8 ->
-// 75.0, 49152 73.1 -> 76.5, RMS 12288 82.1 -> 87.2; v12c), while the
-// forward lost up to 1.5 points (fp32 12288: the compiler spilled more), so
-// it keeps 2.  The size of this struct matters: 256 more bytes pushed the
+// rather than 2, 16-bit backward clusters under kStagedReread ran faster,
+// while the forward ran slower (fp32 12288: the compiler spilled more), so it
+// keeps 2.  The size of this struct matters: 256 more bytes pushed the
 // 2-CTA-an-SM backward (bf16 16384-65536, 64 KB of partials a CTA) past a
-// shared-memory carveout step, and the L1 its spills need shrank (16384
-// 66.6 -> 62.3); so the warp partials take only the warps a CTA can have.
+// shared-memory carveout step, and the L1 its spills need shrank (it ran
+// slower); so the warp partials take only the warps a CTA can have.
 template <typename A, int K, int NB = 2>
 struct ReduceSmem {
   A warp[2][kMaxCtaThreads / 32][K];  // per-warp partials
@@ -472,7 +470,7 @@ static_assert(kMaxCtaThreads <= 512, "RowReducer's butterflies span at most 16 w
 // xor butterfly: both partners of a step add the same two values, so every
 // lane of the group ends with the same bits.  Callers give the lanes past
 // their values zeros, which leave the sum's bits as they are; the steps run
-// unconditionally (no branch per step: v7c).
+// unconditionally (no branch per step).
 template <int LANES, typename A>
 __device__ __forceinline__ A butterfly_sum(A t) {
   static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "lanes of one warp, a power of two");
@@ -535,7 +533,7 @@ __device__ __forceinline__ void butterfly_merge(A (&v)[K], int active = LANES) {
 // buffer b.  Where csize > 1, call init() before the first reduce() and
 // finish() after the last.
 // kCluster false: a kernel never launched in clusters, compiled without the
-// cluster exchange (its code cost LayerNorm's forward 2-5 points, v12d).
+// cluster exchange (its code slowed LayerNorm's forward).
 template <typename A, int K, int NB = 2, bool kCluster = true, typename Op = SumOp>
 struct RowReducer {
   ReduceSmem<A, K, NB>& s;

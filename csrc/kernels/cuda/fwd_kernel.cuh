@@ -23,12 +23,11 @@ struct RowLayout {
   unsigned* row_ticket = nullptr;
 };
 
-// A thread's place in a RowLayout.  A CTA holds several rows only when tpr
-// is a power of two, and csize is always a power of two (launch_plan.h;
-// test_launch_plan.cpp checks both), so shifts and masks stand in for
-// integer divisions: a forward CTA often runs a single row, so its setup is
-// paid per row (v7c: the divisions were about 40 of a bf16 4096 thread's
-// 805 instructions).
+// A thread's place in a RowLayout.  A CTA holds several rows only when tpr is
+// a power of two, and csize is always a power of two (launch_plan.h;
+// test_launch_plan.cpp checks both), so shifts and masks stand in for integer
+// divisions: a forward CTA often runs a single row, so its setup is paid per
+// row, and the divisions were a sizeable share of a thread's instructions.
 struct RowCoords {
   int row_in_cta;  // which of the CTA's rows
   int rpc;         // rows per CTA
@@ -76,11 +75,10 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // every row; where they are 16-byte accesses (weights of x's dtype) they are
 // loaded evict_last, so that the lines the other rows of the SM reuse stay
 // there: at 2 x 64 KB of rows in shared memory an SM has about 124 KB of L1
-// for 128 KB of fp32 16384 weight and bias, and LayerNorm's bias costs 10
-// points of copy bandwidth where RMSNorm fits (H200: fp32 16384 LN 81.5 ->
-// 85.8, bf16 32768 74.4 -> 76.3; streaming the bias past L1 instead lost
-// 9-18 points: docs/performance.md v10b).  fp32 weights on 16-bit x take
-// ordinary loads.
+// for 128 KB of fp32 16384 weight and bias, so LayerNorm's bias costs
+// bandwidth where RMSNorm's weight alone fits.  The evict_last loads measured
+// faster there; streaming the bias past L1 instead ran slower.  fp32 weights
+// on 16-bit x take ordinary loads.
 //
 // Statistics.  RMSNorm reduces sum(x^2).  LayerNorm, in most kernels,
 // reduces the sums of d = x - K and d^2 together, K the row's first
@@ -90,17 +88,16 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // K)^2 exceeds kMaxShiftRatio * var (K an outlier), or whose var is not
 // finite, takes a second pass, sum((x - mean)^2) over the registers, as
 // the excluded kernels always do: the scalar kernels, the 128-byte fp32
-// threads, and weights wider than x or x wider than 4 bytes (these spill
-// with both paths: fp32 32768 lost 7 points, bf16 x with fp32 weights
-// 1-4).  One reduction instead of two: H200, bf16 5120 87 -> 90, 16384 83 ->
-// 88, fp32 5120 88 -> 93% of copy bandwidth (docs/performance.md v8d).
+// threads, and weights wider than x or x wider than 4 bytes (these spill with
+// both paths, and ran slower with one reduction).  Elsewhere one reduction
+// instead of two measured faster.
 constexpr float kMaxShiftRatio = 8;
 
 // inv_n is 1 / cols, rounded once on the host.  The statistics multiply by
-// it: a division costs about ten instructions and a branch in every row,
-// and a reciprocal computed in the kernel holds a register for the whole
-// kernel (the fp32 128-byte threads then spilled 8 bytes more and lost 2
-// points, v9h); a kernel parameter is read from the constant bank.
+// it: a division costs about ten instructions and a branch in every row, and
+// a reciprocal computed in the kernel holds a register for the whole kernel
+// (the fp32 128-byte threads then spilled more and ran slower); a kernel
+// parameter is read from the constant bank.
 template <typename T, typename W, int VEC, int NV, bool CACHE_WB, bool X_SMEM, bool CLUSTER, bool STAGE>
 __global__ void __launch_bounds__(kMaxCtaThreads, 2)
 norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
@@ -113,15 +110,13 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   __shared__ ReduceSmem<A, 1> smem;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   const RowCoords rc = row_coords(lay);
-  // The dynamic shared memory follows the static (the window's 1 KB
-  // reserved, then this kernel's two ReduceSmem: 800 bytes with fp32 sums).
-  // Staged clusters pad the static to a multiple of 128 bytes, so that their
-  // cache and stage, filled by 16-byte cp.async, start on a 128-byte
-  // boundary instead of 32 bytes past one (H200, % of copy bandwidth: LN
-  // bf16 65536 89.8 -> 90.8, fp16 90.2 -> 91.2, bf16 131072 89.7 -> 91.0,
-  // RMS bf16 262144 90.6 -> 91.8; docs/performance.md v24a); 8 bytes more,
-  // 16 off a 32-byte boundary, had cost them 10-15 points (v23b).  The asm
-  // keeps the otherwise unused padding.
+  // The dynamic shared memory follows the static (the window's 1 KB reserved,
+  // then this kernel's two ReduceSmem: 800 bytes with fp32 sums).  Staged
+  // clusters pad the static to a multiple of 128 bytes, so that their cache
+  // and stage, filled by 16-byte cp.async, start on a 128-byte boundary
+  // instead of 32 bytes past one (measured faster); 8 bytes more, 16 off a
+  // 32-byte boundary, had made them far slower.  The asm keeps the otherwise
+  // unused padding.
   if constexpr (STAGE) {
     constexpr int kStatic = int(sizeof(ReduceSmem<A, 1>) + sizeof(ReduceSmem<A, 2>));
     static_assert(kStatic % 16 == 0, "the padding rounds up 16-byte-aligned buffers");
@@ -131,7 +126,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   const int tpr = lay.tpr, rpc = rc.rpc, row_in_cta = rc.row_in_cta, stride = rc.stride, t = rc.t;
   const int64_t group = rc.group, ngroups = rc.ngroups;
   // 64-bit columns: with int columns the shared-memory kernels (X_SMEM) ran
-  // 3-5 points slower (v7c).
+  // slower.
   const int64_t n = p.cols;
   auto col = [&](int i) { return int64_t(i * stride + t) * VEC; };
   const T* __restrict__ xg = static_cast<const T*>(p.x);
@@ -147,11 +142,10 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   red.init();
   red2.init();
   // X_SMEM: this thread's slot for access i, [access][thread] 16-byte slots.
-  // 16-bit rows address them by shared-window address (smem_addr: H200,
-  // LN bf16 12288 86.4 -> 88.5, 20480 81.1 -> 83.0, 32768 75.6 -> 77.0, fp16
-  // 12288 87.1 -> 88.5% of copy bandwidth, v11d).  4- and 8-byte rows keep
-  // the generic pointer: the address costs 3 registers, and fp32 12288's
-  // 384-thread CTAs then fit 2 an SM instead of 3 (87.4 -> 84.5).
+  // 16-bit rows address them by shared-window address (smem_addr), which
+  // measured faster.  4- and 8-byte rows keep the generic pointer: the
+  // address costs 3 registers, and fp32 12288's 384-thread CTAs then fit 2 an
+  // SM instead of 3 and ran slower.
   constexpr bool kSmemAddr = X_SMEM && sizeof(T) == 2;
   const uint32_t xs_base = kSmemAddr ? smem_addr(dyn_smem) + threadIdx.x * 16 : 0;
   auto xs_slot = [&](int i) { return xs_base + uint32_t(i) * blockDim.x * 16; };
@@ -161,26 +155,23 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   // STAGE: the next row's slots, [access][thread], after the cache.
   const uint32_t stage_base = STAGE ? smem_addr(bcache + (bg ? NV * blockDim.x : 0)) + threadIdx.x * 16 : 0;
   auto stage_slot = [&](int i) { return stage_base + uint32_t(i) * blockDim.x * 16; };
-  // Which rows a staged cluster takes.  A static schedule (row group g
-  // takes rows g, g + ngroups, ...) ends with its slowest cluster, and the
-  // clusters run at different speeds: the exits of LN bf16 65536's 62
-  // clusters spread from 107 to 150 us (docs/performance.md v23a).  With
-  // lay.row_ticket, a cluster's first three rows are static and each later
-  // one is the next ticket of the counter: thread 0 of the cluster's CTA 0
-  // takes a ticket at the top of every row, and the row's first reduction
-  // hands the one it took a row earlier to the whole cluster (RowReducer's
-  // token), so the atomic's latency hides behind a row.  A cluster stops at
-  // its first ticket past the rows; the ones it took after it are past the
-  // rows too, so none in range is lost.  The unstaged clusters keep the
-  // static schedule: the token's registers made their 128-byte fp32 threads
-  // spill 50-70 bytes more.
+  // Which rows a staged cluster takes.  A static schedule (row group g takes
+  // rows g, g + ngroups, ...) ends with its slowest cluster, and the clusters
+  // run at different speeds.  With lay.row_ticket, a cluster's first three
+  // rows are static and each later one is the next ticket of the counter:
+  // thread 0 of the cluster's CTA 0 takes a ticket at the top of every row,
+  // and the row's first reduction hands the one it took a row earlier to the
+  // whole cluster (RowReducer's token), so the atomic's latency hides behind
+  // a row.  A cluster stops at its first ticket past the rows; the ones it
+  // took after it are past the rows too, so none in range is lost.  The
+  // unstaged clusters keep the static schedule: the token's registers made
+  // their 128-byte fp32 threads spill more.
   constexpr bool kTickets = CLUSTER && STAGE;
   const bool tickets = kTickets && lay.row_ticket != nullptr;  // uniform
   const bool ticket_taker = tickets && rc.crank == 0 && threadIdx.x == 0;
   // The token's two slots: after the stage slots, in the dynamic shared
-  // memory (kTicketSlotBytes more), so that the static shared memory stays
-  // as it was: 8 more bytes of it cost every staged cluster 10-15 points
-  // (H200: LN bf16 65536 85 -> 73.5% of copy bandwidth, v23b).
+  // memory (kTicketSlotBytes more), so that the static shared memory stays as
+  // it was: 8 more bytes of it made every staged cluster far slower.
   int* const ticket_slots =
       reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(bcache + (bg ? NV * blockDim.x : 0)) + NV * blockDim.x * 16);
   int token = group - ngroups;  // ticket_taker: the ticket taken a row earlier (at first: the third row's block, less 3 * ngroups)
@@ -200,10 +191,8 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
   // The first row's copies go out before the cache's, so that its DRAM
   // latency overlaps the cache's L2 reads; the cache is copied with cp.async
   // where its accesses are whole 16-byte units, so no thread stalls on it
-  // before the first row (v21a, H200: LN bf16 65536 84.0 -> 84.8, 262144
-  // 84.5 -> 85.4, RMS fp32 32768 89.35 -> 90.25% of copy bandwidth).  The
-  // first row's wait (STAGE) or the one below covers them.  Own slots only:
-  // no barrier.
+  // before the first row.  The first row's wait (STAGE) or the one below
+  // covers them.  Own slots only: no barrier.
   if constexpr (STAGE) stage_row(group * rpc + row_in_cta);
   if constexpr (CACHE_WB) {
     constexpr bool kCopyAsync = sizeof(Frag<W, VEC>) % 16 == 0;
@@ -254,23 +243,19 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
         else xr[i].zero();
       } else {
         // x, and below the weight and bias, are loaded evict_last in L2
-        // (common.cuh's load_l1): H200, % of copy bandwidth, LN bf16 512
-        // 94.9 -> 98.1, 1024 94.6 -> 97.8, RMS bf16 256 94.7 -> 98.0, 4096
-        // 94.1 -> 98.0, fp32 LN 512 96.5 -> 99.9, RMS 8192 97.8 -> 99.0
-        // (the register rows and fwd_rows_kernel.cuh; docs/performance.md
-        // v26b).  cp.async copies with the same hint lost 20-40 points in
-        // the staged clusters and are left without it.
+        // (common.cuh's load_l1), which measured faster in the register rows
+        // and fwd_rows_kernel.cuh.  cp.async copies with the same hint ran
+        // far slower in the staged clusters and are left without it.
         if (live && c < n) load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xr[i], xrow + c);
         else xr[i].zero();
       }
     }
     // LayerNorm's shift K, the row's first element, loaded with the row.
-    // STAGE and X_SMEM kernels shift by K = 0 instead: the load of x[0] was
-    // a global latency in every row and its register made the 16-bit STAGE
-    // kernels spill (v13c: LN bf16 65536 74.9 with it, 85.2 without; v14a,
-    // X_SMEM: bf16 12288 87.8 -> 90.8, fp16 12288 88.8 -> 90.3, bf16 20480
-    // 82.5 -> 85.1); rows whose mean is far from 0 take the exact second
-    // pass.  The register kernels keep K = x[0] (K = 0 there: -1.1 to +0.2).
+    // STAGE and X_SMEM kernels shift by K = 0 instead: the load of x[0] was a
+    // global latency in every row and its register made the 16-bit STAGE
+    // kernels spill; rows whose mean is far from 0 take the exact second
+    // pass.  The register kernels keep K = x[0] (K = 0 there ran level or
+    // slightly slower).
     A k0 = 0;
     if (!kZeroK && kShifted && !p.rms && live) k0 = to_acc(xrow[0]);
     // STAGE: the next row's copies start once this thread's partial sums
@@ -378,8 +363,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
     // xhat = x * rstd - mean * rstd: one FMA an element, not a subtraction
     // and a product (the loop is bound by issued instructions).  Rounding
     // mean * rstd adds half an fp32 ulp of |mean| * rstd to xhat: no more
-    // than the rounding an fp32 x near the mean already carries
-    // (docs/performance.md v7b).
+    // than the rounding an fp32 x near the mean already carries.
     const A shift = -mean * rstd;
     T* yrow = static_cast<T*>(p.y) + row * p.cols;
     // One loop per weight / bias combination (uniform for the launch), so no

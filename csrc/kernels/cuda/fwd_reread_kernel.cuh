@@ -2,18 +2,14 @@
 // the statistics, then again to write y.  The first walk reads x from DRAM
 // and keeps it in L1 (evict_last); the second reads it back from there
 // (evict_first), so DRAM still sees x once.  Both loads carry the same
-// priority in L2 (a cache hint): evict_last on the first read, evict_first
-// on the second, as torch.compile's Triton kernels mark them.  The hints
-// gained 2-4 points (H200, % of copy bandwidth: RMS bf16 8192 94.6 -> 98.2,
-// 12288 92.8 -> 96.7, LN bf16 8192 95.7 -> 98.4, 16384 91.9 -> 95.8, RMS
-// fp32 4096 96.8 -> 100.3; docs/performance.md v26a); an L2 hint on the
-// weight and bias too ran level or behind (LN bf16 5120 98.3 -> 97.8) and
-// is left out.  No copy of the row is held
-// across the reduction, so a thread needs few registers: kRereadMinCtas
-// CTAs of kRereadMaxThreads an SM (32 registers a thread, every warp slot
-// busy), and all their rows are in flight at once.  This is how
-// torch.compile's Triton kernels run RMSNorm at 7168-32768 and LayerNorm at
-// 16384 (looped reductions, 23-32 registers; docs/performance.md v18a).
+// priority in L2 (a cache hint): evict_last on the first read, evict_first on
+// the second, as torch.compile's Triton kernels mark them; the hints measured
+// faster, while an L2 hint on the weight and bias too ran level or behind and
+// is left out.  No copy of the row is held across the reduction, so a thread
+// needs few registers: kRereadMinCtas CTAs of kRereadMaxThreads an SM (32
+// registers a thread, every warp slot busy), and all their rows are in flight
+// at once.  This is how torch.compile's Triton kernels run RMSNorm at
+// 7168-32768 and LayerNorm at 16384 (looped reductions, 23-32 registers).
 //
 // The rows of the CTAs on an SM must fit its L1 together with the weight
 // and bias, or the second walk goes to L2: the plan gives each thread a few
@@ -61,11 +57,10 @@ __device__ __forceinline__ void cta_sum(A (&v)[K], A (&sm)[2][32][2], int& parit
 // accesses of the row (cols == NV * VEC * blockDim.x: launch_plan.h's
 // reread_exact), so its walks have no loop and no test an access, and each
 // CTA runs one row.  NV == 0: any row, a grid-stride loop over the rows.
-// RMS_ONLY (NV > 0): a build for RMSNorm alone, whose 16-bit write walk
-// takes both accesses at once; LayerNorm's straight-line rows keep the
-// build for either op (p.rms at run time), where they ran 0.2-0.8 points
-// ahead of a LayerNorm-only build (H200, % of copy bandwidth, LN bf16
-// 8192 96.6 -> 96.0, fp16 8192 96.6 -> 95.8; docs/performance.md v27a).
+// RMS_ONLY (NV > 0): a build for RMSNorm alone, whose 16-bit write walk takes
+// both accesses at once; LayerNorm's straight-line rows keep the build for
+// either op (p.rms at run time), which ran slightly ahead of a LayerNorm-only
+// build.
 template <typename T, typename W, int VEC, int NV, bool RMS_ONLY = false>
 __global__ void __launch_bounds__(kRereadMaxThreads, kRereadMinCtas)
 norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
@@ -87,9 +82,7 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
     // in L1.  LayerNorm's exact third walk (below) loads without allocating
     // in L1 (the lines are there already), so that its loads differ from the
     // first walk's: the compiler otherwise keeps the first walk's fragments
-    // for it, and LayerNorm's straight-line rows ran 0.5-0.7 points slower
-    // (H200, % of copy bandwidth, LN bf16 5120 96.3 -> 95.6, 7168 94.5 ->
-    // 93.8, 8192 96.0 -> 95.4; docs/performance.md v25a).
+    // for it, and LayerNorm's straight-line rows ran slower.
     auto walk = [&](auto f, auto third) {
       if constexpr (NV > 0) {
         constexpr bool kThird = decltype(third)::value;
@@ -186,12 +179,8 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
       };
       if constexpr (NV > 0) {
         // One access at a time, except RMSNorm's 16-bit rows: two at a time
-        // spilled 8 bytes with weight and bias, and ran behind in fp32
-        // (H200, % of copy bandwidth, two -> one, with L2 hints: fp32 4096
-        // 97.6 -> 100.3, fp32 5120 96.9 -> 100.5; docs/performance.md
-        // v26a); RMSNorm's 16-bit rows gained (one -> two, its own build:
-        // RMS bf16 7168 98.4 -> 99.1, 10240 97.1 -> 98.4, fp16 10240 97.9
-        // -> 98.5; v27a).
+        // spilled 8 bytes with weight and bias, and ran behind in fp32;
+        // RMSNorm's 16-bit rows (its own build) ran faster two at a time.
         if constexpr (RMS_ONLY && sizeof(T) == 2 && !has_b()) {  // RMSNorm has no bias
 #pragma unroll
           for (int j = 0; j < NV; ++j) write(tid + j * nt);

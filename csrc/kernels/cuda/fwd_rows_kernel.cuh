@@ -44,9 +44,7 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
     // Access i of a row sits kStep * i elements past the lane's first, a
     // constant: every address below is one base pointer a row plus an
     // immediate offset.  Computed per access from the row and the column
-    // (64-bit products), they cost LN bf16 1024 about 45 of its 585
-    // instructions a row (v21c, H200, training forward: LN bf16 512 91.2 ->
-    // 92.1, 768 91.5 -> 93.6% of copy bandwidth; 1024 93.3 -> 93.0).
+    // (64-bit products), they were a sizeable share of a row's instructions.
     constexpr int kStep = LANES * VEC;
     const int c0 = l * VEC;
     auto valid = [&](int i) { return c0 + i * kStep < n; };
@@ -61,9 +59,8 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
 
     // x in the accumulation type.  Under the 64-register bound the compiler
     // still converts 16-bit elements again in each pass rather than hold
-    // them all; holding them (an opaque asm after the conversion) saved 64
-    // instructions a row at LN bf16 1024 but gained nothing and spilled
-    // the 64-element rows (v21c).
+    // them all; holding them (an opaque asm after the conversion) saved
+    // instructions but gained nothing and spilled the 64-element rows.
     A x[R][NV][VEC];
 #pragma unroll
     for (int r = 0; r < R; ++r)

@@ -87,8 +87,8 @@ struct GroupHandoff {
 
 // A compute thread's columns of a weight (kOne: 1 where absent) or bias (0
 // where absent) array in fp32 registers, unpacked once for the whole walk
-// (v16a: 16-bit weights unpacked twice an element a row cost LN bf16 262144
-// 1.9 points of copy bandwidth): out[i * VEC + k] is column col(i) + k.
+// (16-bit weights unpacked twice an element a row ran slower):
+// out[i * VEC + k] is column col(i) + k.
 template <typename W, int NV, int VEC, bool kOne, typename Col>
 __device__ __forceinline__ void group_params(const void* arr, Col col, int64_t n, float (&out)[NV * VEC]) {
 #pragma unroll

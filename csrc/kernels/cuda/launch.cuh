@@ -201,10 +201,9 @@ auto pick_bwd(int nv) -> void (*)(BwdParams, RowLayout, dacc_t<DT>*, dacc_t<DT>*
 }
 
 // The register kernel a plan names.  Plans without a cluster take kernels
-// compiled without the cluster exchange (v12d, H200, % of copy bandwidth:
-// LN bf16 768 88.2 -> 91.2, 16384 85.5 -> 90.0), except the 128-byte fp32
-// threads, which the compiler then spilled twice as much (LN fp32 12288
-// 87.8 -> 83.1); the weight cache exists only in clusters.
+// compiled without the cluster exchange, which run faster, except the
+// 128-byte fp32 threads, which the compiler then spilled twice as much (and
+// which ran slower); the weight cache exists only in clusters.
 template <typename DT, typename DW, bool CLUSTER>
 auto fwd_kernel_of(const Plan& pl) {
   constexpr int V = 16 / sizeof(DT);
@@ -296,10 +295,9 @@ auto bwd_kernel_for(const Plan& pl, BwdVariant v) {
 }
 
 // The row-group backward (Plan::group) of a dtype: 16 elements a thread,
-// STAGES rows of x and dy in shared memory (32 KB each: kGroupSliceBytes),
-// dx LAG rows after the sums.  H200, % of copy bandwidth at 262144 (v16a):
-// 16-bit rows (6, 3) LN bf16 76.8, (7, 4) 72.9, (6, 4) 72.8, (5, 2) 70.4;
-// fp32 (7, 4) 87.5, (6, 3) 86.7, (5, 2) 81.4.
+// STAGES rows of x and dy in shared memory (32 KB each: kGroupSliceBytes), dx
+// LAG rows after the sums.  (STAGES, LAG) is the fastest pair measured at
+// 262144: (6, 3) for 16-bit rows, (7, 4) for fp32.
 struct GroupKernelShape {
   int stages, lag;
 };
@@ -392,7 +390,7 @@ cudaError_t norm_fwd(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
     auto kernel = fwd_kernel_for<DT, DW>(pl);
     // Register clusters run a persistent grid (each walks many rows); plain
     // CTAs and rows in shared memory one CTA (or cluster) per row group
-    // (persistent plain grids lost on H200, twice: v3a, v4h).
+    // (persistent plain grids measured slower).
     const int64_t cache = wb_cache_smem(pl.cta_threads, pl.nv, pl.vec, sizeof(DW), fwd_w_arrays(p));
     const int64_t stage = pl.stage_x ? x_smem_bytes(pl.cta_threads, pl.nv) + kTicketSlotBytes : 0;
     const size_t smem = pl.x_smem     ? size_t(x_smem_bytes(pl.cta_threads, pl.nv))
@@ -470,15 +468,15 @@ KernelAttrs kernel_attrs(K kernel, const DeviceInfo& dev) {
 
 // The prefetch pipe keeps a second row in registers; its kernel is taken at
 // the tightest cap of kPrefetchCaps that spills at most kPrefetchMaxSpill
-// bytes a thread.  H200, bf16 16 elements a thread: the 96-register kernel
-// (12 bytes spilled, outside the row loop) ran 5120 at 92% of copy
-// bandwidth, the 80-register one (80 bytes) at 57%; fp32 16 elements spill
-// 188 bytes at 96 registers (62% against 95% at 128).
+// bytes a thread: a few bytes spilled outside the row loop cost little, more
+// cost much (bf16 16 elements a thread ran far slower at 80 registers, 80
+// bytes spilled, than at 96, 12 bytes; fp32 16 elements spill 188 bytes at 96
+// registers and run far slower than at 128).
 constexpr size_t kPrefetchMaxSpill = 16;
 // A one-CTA row takes the prefetch pipe where the next rows' x and dy in
 // flight come to at least this many bytes per SM, or where no staged pipe
-// applies; else kStaged (v8a, H200, bf16: 8192 at 32 KB 84 -> 88, 5120 at 40
-// KB 83 -> 92; 7168 at 28 KB would lose 85 -> 84, RMS 87 -> 85).
+// applies; else kStaged (bf16 rows that keep 32 KB or more in flight ran
+// faster prefetching, 7168 at 28 KB slower).
 constexpr int64_t kPrefetchMinInflight = 32 * 1024;
 
 // Backward launch shape: the path, its grid and its scratch.
@@ -495,35 +493,28 @@ struct BwdShape {
   GroupKernelFn group_kernel;  // row groups (Plan::group): the kernel, nparts groups of plan.csize CTAs
 };
 
-// The register kernel's variant and its dynamic shared memory (the figures are
-// H200 % of copy bandwidth, before -> after):
-// - Rows of one CTA take the prefetch pipe (bf16 2048 85 -> 92, 4096 85 ->
-//   90 at 8 elements a thread; fp32 5120-8192 88 -> 95-98 at 16), except rows
-//   of 16 elements a thread whose prefetch keeps less than
-//   kPrefetchMinInflight in flight: those take kStaged, the row copied
-//   kBwdStages - 1 rows ahead into shared memory (bf16 6144 82 against 81
-//   prefetching and 76 under kStagedReread at 80 registers; 7168 85 / 84).
+// The register kernel's variant and its dynamic shared memory:
+// - Rows of one CTA take the prefetch pipe (measured faster at 8 and at 16
+//   elements a thread), except rows of 16 elements a thread whose prefetch
+//   keeps less than kPrefetchMinInflight in flight: those take kStaged, the
+//   row copied kBwdStages - 1 rows ahead into shared memory (level with or
+//   ahead of prefetching and of kStagedReread at 80 registers there).
 // - Rows of a cluster take the prefetch pipe where it keeps as many threads
-//   per SM as kNone (fp32 12288, 4 x 384 threads: 69 -> 83), else the staged
-//   pipe (16 elements a thread) that keeps the most threads (bf16 12288, 2 x
-//   384 threads, kStagedReread at 80: 53 -> 61, 24576 46 -> 57), even where
-//   kNone keeps more: since cluster sums are pushed (v12a), bf16 16384 (2 x
-//   512, kStaged, one CTA an SM) runs 67.0 -> 85.3, 32768 65.2 -> 78.8,
-//   131072 56.0 -> 69.4 (v12e); with a cluster barrier a row it had lost
-//   58 -> 49.
-// - One-CTA rows that no staged kernel fits prefetch after all; the rest
-//   (and the scalar path) take kNone.
+//   per SM as kNone (fp32 12288, 4 x 384 threads), else the staged pipe (16
+//   elements a thread) that keeps the most threads (bf16 12288, 2 x 384
+//   threads, kStagedReread at 80), even where kNone keeps more: since cluster
+//   sums are pushed, bf16 16384 (2 x 512, kStaged, one CTA an SM) runs well
+//   ahead of kNone; with a cluster barrier a row it had lost.
+// - One-CTA rows that no staged kernel fits prefetch after all; the rest (and
+//   the scalar path) take kNone.
 // - Before all of these, 16-bit rows of 16 elements a thread take
 //   kStagedPair, two rows a reduction, wherever it fits, except rows of one
-//   CTA whose prefetch pipe keeps more threads per SM (v14b, H200, % of copy
-//   bandwidth, LN bf16, from kStaged / kStagedReread / the prefetch pipe:
-//   12288 85.2 -> 89.5, 16384 85.6 -> 92.6, 32768 79.1 -> 85.3, 65536 77.3
-//   -> 83.9, 131072 69.7 -> 74.0, 6144 83.5 -> 94.7, 8192 88.3 -> 91.2; RMS
-//   +2.8 to +7.2; 5120, whose prefetch keeps two CTAs an SM: 94.6 -> 92.2).
-//   A reduction, and a cluster exchange, then carries 64 bytes of each
-//   thread's x rather than 32, as fp32's 16 elements do; 16-bit clusters of
-//   32 elements a thread instead (kStagedReread at 128 registers, its
-//   partials spilled) lost 13 to 26 points (v14a).
+//   CTA whose prefetch pipe keeps more threads per SM (5120, two CTAs an SM,
+//   ran faster prefetching); elsewhere kStagedPair beat kStaged,
+//   kStagedReread and the prefetch pipe.  A reduction, and a cluster
+//   exchange, then carries 64 bytes of each thread's x rather than 32, as
+//   fp32's 16 elements do; 16-bit clusters of 32 elements a thread instead
+//   (kStagedReread at 128 registers, its partials spilled) ran far slower.
 template <typename DT, typename DW>
 BwdVariant bwd_variant(const BwdParams& p, const Plan& pl, const DeviceInfo& dev, size_t* dyn_smem) {
   using A = dacc_t<DT>;

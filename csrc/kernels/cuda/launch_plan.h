@@ -31,51 +31,42 @@ struct Plan {
 };
 
 // Forward rows of at most 32 lanes of kShortRowAccesses 16-byte accesses
-// (2 KB: bf16 1024, fp32 512) take the short-row kernel (fwd_rows_kernel.cuh):
-// tpr lanes a row, a power of two up to 32, nv accesses a lane (as many as
-// the row needs: 3 at bf16 768, whose fourth access idled when nv was a power
-// of two), and kShortRowAccesses / nv rows a thread (rounded down), in CTAs
-// of kShortRowCta.  RMSNorm spreads a row over as many lanes as it has
-// accesses (up to 32), so that a thread's loads of weight serve up to four
-// rows.  LayerNorm sums each row twice (mean, then variance), a shuffle a
-// butterfly level each: it takes as few lanes as hold the row in
-// kShortRowAccesses accesses, two levels fewer a sum at bf16 256 (8 lanes of
-// 4 accesses, against 32 lanes of one), at the price of its weight and bias
-// loaded for every row.  H200, % of copy bandwidth (docs/performance.md
-// v26e): LN bf16 256 96.2 -> 97.5, 128 +0.3, fp32 256 +0.2, but fp16 256
-// 98.2 -> 97.4; RMSNorm the same way lost 0.4-0.5 (bf16 and fp16 256).
+// (2 KB: bf16 1024, fp32 512) take the short-row kernel
+// (fwd_rows_kernel.cuh): tpr lanes a row, a power of two up to 32, nv
+// accesses a lane (as many as the row needs: 3 at bf16 768, whose fourth
+// access would idle if nv were a power of two), and kShortRowAccesses / nv
+// rows a thread (rounded down), in CTAs of kShortRowCta.  RMSNorm spreads a
+// row over as many lanes as it has accesses (up to 32), so that a thread's
+// loads of weight serve up to four rows.  LayerNorm sums each row twice
+// (mean, then variance), a shuffle a butterfly level each: it takes as few
+// lanes as hold the row in kShortRowAccesses accesses, two levels fewer a sum
+// at bf16 256 (8 lanes of 4 accesses, against 32 lanes of one), at the price
+// of its weight and bias loaded for every row.  Fewer lanes measured faster
+// for LayerNorm (bf16, fp32; fp16 256 lost a little) and slower for RMSNorm.
 constexpr int kShortRowAccesses = 4;
 constexpr int kShortRowCta = 128;
 
 // Forward rows kept in shared memory (Plan::x_smem).  On sm_90 the rows of
 // 16-80 KB of 2- and 4-byte types are re-read instead (kRereadMaxRow; and
 // LayerNorm's 16-bit rows from 14 KB, reread_min_row; and rows of 10-21 KB
-// that two accesses a thread cover exactly, reread_pair_fits), except
-// one-CTA register rows and the longer rows of staged clusters; what follows
-// decides the rest (rows past 80 KB, fp64, sm_80) and dates from before
-// v18a.  A register plan keeps
-// at most 64K registers of 64 per thread busy on an SM, and CTAs of 384 or
-// 448 threads leave a quarter or an eighth of that idle: too few bytes of rows
-// in flight.  Rows of at least min_row_bytes whose register plan keeps less
-// than max_inflight bytes in flight per SM are held in shared memory instead.
+// that two accesses a thread cover exactly, reread_pair_fits), except one-CTA
+// register rows and the longer rows of staged clusters; what follows decides
+// the rest (rows past 80 KB, fp64, sm_80).  A register plan keeps at most 64K
+// registers of 64 per thread busy on an SM, and CTAs of 384 or 448 threads
+// leave a quarter or an eighth of that idle: too few bytes of rows in flight.
+// Rows of at least min_row_bytes whose register plan keeps less than
+// max_inflight bytes in flight per SM are held in shared memory instead.
 // Each CTA holds at most slice_bytes of its row (a cluster past that), with
-// about nv 16-byte accesses a thread.  H200, % of copy bandwidth, LN / RMS:
-// bf16 12288 68 / 78 -> 75 / 88, bf16 20480 62 / 75 -> 70 / 86, fp32 6144
-// 75 / 84 -> 86 / 91 (docs/performance.md, v5b).  Rows of 12-14 KB ran
-// faster in registers once v7c cut the register kernel's instructions (v8b:
-// bf16 6144 83 -> 86, 7168 81 -> 83, fp32 3072 89 -> 97; RMS bf16 6144 88 ->
-// 95), 24 KB rows did not (bf16 12288 79 -> 74), so the threshold is 16 KB.
-// A register cluster that stages the next row counts it in flight too
-// (register_inflight), so bf16 24576 and 49152 stay staged clusters (v14d,
-// H200, % of copy bandwidth, LN: 79.5 -> 85.7, 64.6 -> 86.8; 20480 85.8 ->
-// 84.7).  Rows longer than one_cta_min_row that fit one slice take one CTA
-// whatever the register plan (v5g), unless clusters exist (sm_90) and the row's
-// weight and bias come to more bytes than the row: the one CTA reads them
-// from L1/L2 for every row, and the register plan (a cluster with the
-// weight cache for bf16 32768, one 512-thread CTA for fp32 16384) measured
-// faster (v12b/v12d, H200, % of copy bandwidth, one CTA / register plan: LN
-// bf16 32768 78 / 83, fp32 16384 87 / 88; RMS bf16 32768 92 / 87.5, fp32
-// 16384 96 / 92).  A 32 KB slice lost (bf16 20480 83 -> 66).
+// about nv 16-byte accesses a thread.  min_row_bytes is 16 KB: rows of
+// 12-14 KB ran faster in registers, rows of 24 KB did not.  A 32 KB slice ran
+// slower.  A register cluster that stages the next row counts it in flight
+// too (register_inflight), so bf16 24576 and 49152 stay staged clusters,
+// which measured faster there.  Rows longer than one_cta_min_row that fit one
+// slice take one CTA whatever the register plan, unless clusters exist
+// (sm_90) and the row's weight and bias come to more bytes than the row: the
+// one CTA reads them from L1/L2 for every row, and the register plan (a
+// cluster with the weight cache for bf16 32768, one 512-thread CTA for fp32
+// 16384) measured faster there.
 struct XSmemTuning {
   int64_t min_row_bytes = 16 * 1024;
   int64_t max_inflight = 64 * 1024;
@@ -99,16 +90,15 @@ constexpr int64_t wb_cache_smem(int cta_threads, int nv, int vec, int w_bytes, i
 // Accesses of `vec` elements a thread may hold per row.  Forward: 64 bytes of
 // x in the storage dtype (four 16-byte loads in flight); `long_row` (rows
 // that would otherwise span a cluster, see register_plan) gives 4- and 8-byte
-// types 128 bytes.  16-bit types stay at 64 bytes (32 elements): at 128
-// bytes a thread holds 64 elements and spills, and bf16 65536 measured 48%
-// against 54% with 64 bytes and the weight cache (Plan::cache_wb).
+// types 128 bytes.  16-bit types stay at 64 bytes (32 elements): at 128 bytes
+// a thread holds 64 elements and spills, and bf16 65536 ran slower than at 64
+// bytes with the weight cache (Plan::cache_wb).
 // Backward: 8 elements each of x and dy (16 bytes of a 16-bit type, 32 of
 // fp32; 32 bytes of 8-byte types); `long_row` doubles that for 2- and 4-byte
 // types.  16-bit rows of up to 4096 elements ran faster at 8 elements a
-// thread under the prefetch pipe, 1024 threads an SM, than at 16 (v8a, H200:
-// bf16 768 80 -> 90, 2048 85 -> 92, 4096 85 -> 90).  The scalar path (vec 1)
-// keeps at most 16 (forward) or 8 (backward) elements: each takes a whole
-// register.
+// thread under the prefetch pipe, 1024 threads an SM, than at 16.  The scalar
+// path (vec 1) keeps at most 16 (forward) or 8 (backward) elements: each
+// takes a whole register.
 constexpr int max_accesses(bool bwd, int vec, int elem_bytes, bool long_row = false) {
   const int bwd_bytes = (elem_bytes == 2 ? 16 : 32) * (long_row && elem_bytes <= 4 ? 2 : 1);
   const int n = (bwd ? bwd_bytes : long_row && elem_bytes >= 4 ? 128 : 64) / (vec * elem_bytes);
@@ -141,15 +131,12 @@ constexpr int group_cta_max(int nv) { return int(kGroupSliceBytes / (int64_t(nv)
 // At most this much, so that two CTAs still share an SM.
 constexpr int64_t kWbCacheMax = 100 * 1024;
 
-// Staged clusters (Plan::stage_x) of a persistent grid of `resident`
-// clusters take their rows past the first three from a counter
-// (RowLayout::row_ticket, fwd_kernel.cuh) where there are at least
-// kTicketMinRows rows a cluster: a static schedule waits for its slowest
-// cluster (H200, % of copy bandwidth, 2^27 elements: LN bf16 65536 85.3 ->
-// 89.5, RMS 88.5 -> 91.4, LN fp32 32768 90.0 -> 94.1; docs/performance.md
-// v23c), while the counter's zeroing and the tickets cost about 1.2 us a
-// call where clusters have few rows (LN bf16 65536, 500 rows, 8 a cluster:
-// 42.4 -> 43.6 us).  Ticket numbers are ints.
+// Staged clusters (Plan::stage_x) of a persistent grid of `resident` clusters
+// take their rows past the first three from a counter (RowLayout::row_ticket,
+// fwd_kernel.cuh) where there are at least kTicketMinRows rows a cluster: a
+// static schedule waits for its slowest cluster, while the counter's zeroing
+// and the tickets cost about a microsecond a call, which shows where clusters
+// have few rows.  Ticket numbers are ints.
 constexpr int64_t kTicketMinRows = 16;
 // Dynamic shared memory of the row tickets' token slots (after the stage's).
 constexpr int64_t kTicketSlotBytes = 16;
@@ -234,50 +221,37 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec, bool two_sums)
 // whole warps a row, at most kRereadCta threads, kRereadAccesses 16-byte
 // accesses a thread where that many threads cover the row.  Forward rows of
 // 16-byte accesses of 2- and 4-byte types from XSmemTuning::min_row_bytes
-// (reread_min_row, below) to kRereadMaxRow take it on sm_90, except where
-// the register plan is one CTA that keeps max_inflight bytes in flight
-// (bf16 16384, fp32 8192, and bf16 8192 with an fp32 weight: there the
-// register rows ran 1.5-3.8 points ahead; bf16 8192 and fp32 4096 with
-// weights of x's dtype now take the pair rows, below), unless
-// reread_despite_inflight (below), and
-// except the longer rows of staged clusters (reread_max_row, below).  Rows
-// of 10-21 KB that two accesses a thread cover exactly take it whatever
-// their register plan (reread_pair_fits, below).  Measured on
-// H200 only: sm_80 has 192 KB of L1 and shared memory, not 256, and newer
-// GPUs run the kernel from compute_90 PTX, whose JIT ignores the launch
-// bounds' CTAs an SM.  H200, % of copy bandwidth, LN / RMS, plan -> re-read
-// (docs/performance.md v18a): bf16 20480 84.6 / 93.2 -> 92.0 / 93.5, 24576
-// 87.0 / 90.7 -> 91.7 / 94.1, 32768 86.3 / 92.5 -> 89.4 / 93.7; fp32 12288
-// 90.2 / 95.2 -> 97.1 / 93.3, 16384 89.2 / 95.5 -> 95.5 / 96.1; LN of bf16 x
-// with fp32 weight and bias 20480 63.8 -> 80.5.  Past 80 KB the rows of an
-// SM's two CTAs and the weight no longer stay in L1, and the second walk
-// goes to L2: rows of 96 KB lost 5 (LN bf16 49152, fp32 24576), of 128 KB
-// 8-27 (v18b: clusters past 80 KB lost 9-23).
+// (reread_min_row, below) to kRereadMaxRow take it on sm_90, except where the
+// register plan is one CTA that keeps max_inflight bytes in flight (bf16
+// 16384, fp32 8192, and bf16 8192 with an fp32 weight: there the register
+// rows ran ahead; bf16 8192 and fp32 4096 with weights of x's dtype take the
+// pair rows, below), unless reread_despite_inflight (below), and except the
+// longer rows of staged clusters (reread_max_row, below).  Rows of 10-21 KB
+// that two accesses a thread cover exactly take it whatever their register
+// plan (reread_pair_fits, below).  Measured on H200 only: sm_80 has 192 KB of
+// L1 and shared memory, not 256, and newer GPUs run the kernel from
+// compute_90 PTX, whose JIT ignores the launch bounds' CTAs an SM.  Up to
+// 80 KB it ran ahead of the register and shared-memory plans at most sizes
+// (by far for 16-bit x with fp32 weight and bias).  Past 80 KB the rows of an
+// SM's two CTAs and the weight no longer stay in L1, and the second walk goes
+// to L2: rows of 96 KB and more ran slower re-read.
 constexpr int kRereadCta = 1024;
 constexpr int kRereadAccesses = 4;
 constexpr int64_t kRereadMaxRow = 80 * 1024;
-// The looped walk's CTA (reread_layout) takes kRereadAccesses a thread,
-// or fewer where CTAs of at most kRereadFillMaxCta threads then fill more
-// of an SM's kRereadSmThreads thread slots: bf16 12288 and fp32 6144 run
-// 512 threads of 3 accesses (four CTAs, 2048 threads), not 384 of 4 (five,
-// 1920), as torch.compile's Triton kernel does at RMS bf16 12288.  H200, %
-// of copy bandwidth (docs/performance.md v26e): RMS bf16 12288 96.75 ->
-// 97.75, LN 95.95 -> 97.35, RMS fp16 12288 +1.0, fp32 6144 LN 97.55 ->
-// 99.55, RMS 98.05 -> 99.85.  CTAs past 512 threads lost: 1024 threads of
-// 3 against 768 of 4 (two CTAs either way) LN bf16 24576 94.25 -> 92.75,
-// RMS fp32 12288 94.85 -> 90.15; 608 of 3 against 448 of 4 LN bf16 14336
-// 96.45 -> 94.65 (RMS +0.9).
+// The looped walk's CTA (reread_layout) takes kRereadAccesses a thread, or
+// fewer where CTAs of at most kRereadFillMaxCta threads then fill more of an
+// SM's kRereadSmThreads thread slots: bf16 12288 and fp32 6144 run 512
+// threads of 3 accesses (four CTAs, 2048 threads), not 384 of 4 (five, 1920),
+// as torch.compile's Triton kernel does at RMS bf16 12288; that measured
+// faster.  CTAs past 512 threads mostly ran slower (1024 threads of 3 against
+// 768 of 4, 608 of 3 against 448 of 4).
 constexpr int kRereadFillMaxCta = 512;
 
 // One-CTA register rows that keep max_inflight bytes in flight an SM stay in
 // registers, except 16-bit rows of kMaxCta threads (two CTAs an SM: bf16
-// 16384).  H200, % of copy bandwidth, register -> re-read: at first for
-// LayerNorm's with weight and bias, which outweigh the row (docs/performance.md
-// v20b): LN fp16 16384 90.2 -> 91.7, bf16 90.8 -> 91.6, bf16 x with fp32
-// weight and bias 75.8 -> 80.9, while RMS fp16 16384 lost (95.0 -> 92.3);
-// since the L2 hints of v26 every one of them (v26e): RMS bf16 16384 95.3 ->
-// 96.6, fp16 95.4 -> 96.5, LN bf16 16384 level.  LN bf16 8192 (256 threads,
-// four CTAs an SM) 92.7 -> 89.1 and LN fp32 8192 96.6 -> 93.7 lost (v20b).
+// 16384), which ran faster re-read with the L2 hints both kernels carry
+// (LayerNorm bf16 level).  LN bf16 8192 (256 threads, four CTAs an SM) and LN
+// fp32 8192 ran slower re-read.
 inline bool reread_despite_inflight(const Plan& r, int elem_bytes) {
   return elem_bytes == 2 && r.cta_threads == kMaxCta;
 }
@@ -287,15 +261,8 @@ inline bool reread_despite_inflight(const Plan& r, int elem_bytes) {
 // weight and bias are of x's dtype: the rows of two CTAs an SM and their
 // weight and bias must stay in L1 for the second walk, and past that the
 // staged cluster runs ahead: past 48 KB where LayerNorm's weight and bias
-// outweigh the row, past 64 KB otherwise.  H200, % of copy bandwidth,
-// re-read -> staged cluster (docs/performance.md v24b): LN bf16 28672 91.4 -> 92.1, 32768 89.8 ->
-// 91.3, 36864 85.0 -> 91.3, 40960 84.9 -> 91.8, fp16 32768 89.9 -> 91.4,
-// fp32 18432 89.9 -> 96.1, 20480 89.8 -> 96.3; RMS bf16 36864 91.2 -> 93.1,
-// 40960 91.1 -> 93.0, fp32 18432 94.0 -> 96.1, LN without bias bf16 36864
-// 89.9 -> 92.9; but RMS bf16 28672 94.2 -> 93.0, 32768 93.2 -> 91.4, fp32
-// 16384 96.5 -> 95.1, LN without bias bf16 32768 92.7 -> 90.9.  16-bit x
-// with fp32 weight and bias stays re-read: its staged cluster lost 12-14
-// points (LN bf16 36864 70.3 -> 56.1, 40960 71.1 -> 59.1).
+// outweigh the row, past 64 KB otherwise.  16-bit x with fp32 weight and bias
+// stays re-read up to kRereadMaxRow: its staged cluster ran far behind.
 constexpr int64_t kRereadMaxStagedRow = 64 * 1024;
 constexpr int64_t kRereadMaxStagedRowParams = 48 * 1024;
 inline int64_t reread_max_row(const Plan& r, int elem_bytes, int w_bytes, bool params_outweigh_row) {
@@ -305,12 +272,9 @@ inline int64_t reread_max_row(const Plan& r, int elem_bytes, int w_bytes, bool p
 
 // The shortest row re-read: XSmemTuning::min_row_bytes, except 16-bit rows
 // whose weight and bias (LayerNorm's, of x's dtype) outweigh the row, from
-// kRereadMinRowParams: their register CTA (224 threads at bf16 7168, 256
-// past it) keeps 56-64 KB in flight an SM.  H200, % of copy bandwidth,
-// register -> re-read (docs/performance.md v24c): LN bf16 7168 90.5 -> 92.2, fp16 90.2 -> 92.2,
-// LN bf16 6144 (12 KB) 92.1 -> 92.2, LN without bias bf16 7168 92.4 ->
-// 92.7; everything else measured under 16 KB lost (RMS bf16 7168 96.1 ->
-// 93.3, 5120 95.5 -> 93.2, LN bf16 4096 94.7 -> 88.8, fp32 3584 97.5 -> 93.2).
+// kRereadMinRowParams: their register CTA (224 threads at bf16 7168, 256 past
+// it) keeps 56-64 KB in flight an SM, and they ran faster re-read; every
+// other row measured under 16 KB ran slower re-read.
 constexpr int64_t kRereadMinRowParams = 14 * 1024;
 inline int64_t reread_min_row(int elem_bytes, int w_bytes, bool params_outweigh_row, const XSmemTuning& xs) {
   const bool params_16bit = elem_bytes == 2 && w_bytes == elem_bytes && params_outweigh_row;
@@ -319,24 +283,17 @@ inline int64_t reread_min_row(int elem_bytes, int w_bytes, bool params_outweigh_
 
 // Rows that kRereadPairAccesses 16-byte accesses a thread cover exactly take
 // the re-read kernel's straight-line variant (fwd_reread_kernel.cuh, NV = 2),
-// one CTA of cols / (2 * vec) threads a row, where at least kRereadPairMinCtas
-// such CTAs share an SM and fill at least 7/8 of its kRereadSmThreads thread
-// slots, and the CTA has at least kRereadPairMinCta threads: rows of 10-21 KB
-// (bf16 5120-10752 and fp32 2560-5376, a multiple of 64 accesses, but not CTAs
-// of 352, 416, 544 or 576 threads), with weights of x's dtype or none.  Like
-// torch.compile's Triton kernels (one straight-line program a row, 16 warps at
-// RMS bf16 8192): more threads, fewer registers and instructions a thread than
-// the register rows or the looped walk at kRereadAccesses.  H200, % of copy
-// bandwidth, 86b7f27's plan -> straight pair (docs/performance.md v25a): LN
-// bf16 5120 93.1 -> 96.3, 7168 92.8 -> 94.5, 8192 93.4 -> 96.0, 10240 92.9 ->
-// 94.0, fp16 5120 93.1 -> 95.1, 8192 93.2 -> 94.1; RMS bf16 10240 93.5 ->
-// 96.7, fp16 10240 93.2 -> 95.8; fp32 5120 LN 94.2 -> 98.5, RMS 95.6 -> 98.2;
-// the rest level (RMS 16-bit 5120-8192, LN fp16 10240: -0.2 to +0.6).  Two
-// CTAs an SM lost or gained little (LN bf16 14336, 896 threads, 93.3 -> 89.6;
-// fp16 16384 LN 91.9 -> 90.4, RMS 94.9 -> 93.5; bf16 16384 +0.2 to +0.5), and
-// so did 256 threads (LN bf16 4096 95.0 -> 93.8) and 768 (RMS bf16 12288 92.6
-// -> 90.4); the same layout through the looped walk lost (RMS bf16 16384
-// 89.3).
+// one CTA of cols / (2 * vec) threads a row, where at least
+// kRereadPairMinCtas such CTAs share an SM and fill at least 7/8 of its
+// kRereadSmThreads thread slots, and the CTA has at least kRereadPairMinCta
+// threads: rows of 10-21 KB (bf16 5120-10752 and fp32 2560-5376, a multiple
+// of 64 accesses, but not CTAs of 352, 416, 544 or 576 threads), with weights
+// of x's dtype or none.  Like torch.compile's Triton kernels (one
+// straight-line program a row, 16 warps at RMS bf16 8192): more threads,
+// fewer registers and instructions a thread than the register rows or the
+// looped walk at kRereadAccesses, and measured faster than those or level.
+// Two CTAs an SM, CTAs of 256 threads, and 768-thread CTAs lost or gained
+// little, hence the bounds; the same layout through the looped walk lost.
 constexpr int kRereadPairAccesses = 2;
 constexpr int kRereadPairMinCta = 320;
 constexpr int kRereadPairMinCtas = 3;
@@ -347,21 +304,18 @@ inline bool reread_pair_fits(int64_t nvec) {
   return t >= kRereadPairMinCta && ctas >= kRereadPairMinCtas && ctas * t * 8 >= int64_t(kRereadSmThreads) * 7;
 }
 
-// LayerNorm's 16-bit pair rows with weight and bias (both of x's dtype)
-// take kRereadQuadAccesses a thread instead, in CTAs a quarter of the row's
-// accesses, where the pair's CTAs are fewer than kRereadQuadPairCtas an SM
-// or leave more than 1/16 of its thread slots idle, and the quad's CTAs
-// (whole warps) leave at most 1/16 idle: bf16 7168 (nine CTAs of 224
-// threads, not four of 448) and 10240 (six of 320, not three of 640), but
-// not 5120, 6144 (five or six pair CTAs, 1920 threads) or 8192 (four, 2048).
-// LayerNorm's write walk goes one access at a time (fwd_reread_kernel.cuh),
-// so its pair CTAs hold their threads longer than RMSNorm's.  H200, % of
-// copy bandwidth, pair -> quad (docs/performance.md v29a): LN bf16 7168
-// 94.25 -> 95.36, 10240 92.98 -> 95.85, fp16 7168 94.77 -> 95.66, 10240
-// 93.84 -> 95.99; but bf16 5120 97.14 -> 94.86, 6144 96.66 -> 95.16, 8192
-// 96.24 -> 95.21; RMSNorm's pair rows (write walk two at a time) lost 1.7-3.4
-// as quads (RMS bf16 7168 98.8 -> 96.2, 8192 98.7 -> 95.0, 10240 98.7 ->
-// 97.1).  Measured in 16-bit with weight and bias only.
+// LayerNorm's 16-bit pair rows with weight and bias (both of x's dtype) take
+// kRereadQuadAccesses a thread instead, in CTAs a quarter of the row's
+// accesses, where the pair's CTAs are fewer than kRereadQuadPairCtas an SM or
+// leave more than 1/16 of its thread slots idle, and the quad's CTAs (whole
+// warps) leave at most 1/16 idle: bf16 7168 (nine CTAs of 224 threads, not
+// four of 448) and 10240 (six of 320, not three of 640), but not 5120, 6144
+// (five or six pair CTAs, 1920 threads) or 8192 (four, 2048).  LayerNorm's
+// write walk goes one access at a time (fwd_reread_kernel.cuh), so its pair
+// CTAs hold their threads longer than RMSNorm's.  Quads measured faster at
+// 7168 and 10240 (bf16, fp16) and slower at 5120-8192; RMSNorm's pair rows
+// (write walk two at a time) lost as quads.  Measured in 16-bit with weight
+// and bias only.
 constexpr int kRereadQuadAccesses = 4;
 constexpr int kRereadQuadPairCtas = 4;
 inline bool reread_quad_beats_pair(int64_t nvec) {
@@ -422,14 +376,13 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
   // over a thread-block cluster (sm_90+, at most 16 CTAs), else fall back.
   const int64_t threads = (nvec + nv_max - 1) / nv_max;
   if (threads > kMaxCta) {
-    // Rows past a 16-CTA cluster (16-byte accesses of 2- and 4-byte types):
-    // a row group of as many CTAs as the row needs, which exchange the row's
+    // Rows past a 16-CTA cluster (16-byte accesses of 2- and 4-byte types): a
+    // row group of as many CTAs as the row needs, which exchange the row's
     // sums through global memory (Plan::group), rather than the split path,
     // which reads x (and dy) twice.  The backward's 16-bit rows past 8 CTAs
-    // too: their group's CTAs are the cluster's (512 threads of 16
-    // elements), and the group fills 128 SMs where 16-CTA clusters fill 112
-    // (v19a, H200, % of copy bandwidth, LN bf16 131072 75.0 -> 78.1, 98304
-    // 73.0 -> 81.1, 81920 66.6 -> 80.5; RMS bf16 131072 77.3 -> 81.3).
+    // too: their group's CTAs are the cluster's (512 threads of 16 elements),
+    // and the group fills 128 SMs where 16-CTA clusters fill 112 (measured
+    // faster).
     const int64_t cs = (threads + kMaxCta - 1) / kMaxCta;
     const bool past_8 = bwd && cs > 8 && group_cta_max(kGroupElems / vec) >= kMaxCta;
     if (vec >= 4 && dev.cc_major >= 9 && (cs > 16 || past_8)) {
@@ -449,8 +402,8 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
     p.tpr = int((per_cta + 31) / 32 * 32);
   } else if (threads > 32) {
     // Whole warps, not a power of two: hidden 5120 in bf16 is 640 accesses,
-    // so 160 threads with 4 each, where 256 threads left 38% of the lanes
-    // idle (57% of copy bandwidth against 78% at 4096 on H200).
+    // so 160 threads with 4 each, where 256 threads would leave 38% of the
+    // lanes idle (and ran far slower).
     p.tpr = int((threads + 31) / 32 * 32);
   } else {
     p.tpr = next_pow2(threads);  // lanes of one warp, reduced by shuffles
@@ -463,48 +416,33 @@ inline Plan register_layout(int64_t rows, int64_t nvec, int vec, int nv_max, boo
   p.groups = (rows + p.rows_per_cta - 1) / p.rows_per_cta;
   // Forward clusters run a persistent grid, each CTA on the same columns of
   // many rows: its weight and bias slices are read once into shared memory
-  // rather than from L2 for every row (H200, bf16 65536: 51 -> 55%, RMS 56 -> 67%).
-  // The cache holds only the arrays the launch reads (v15b, RMSNorm, % of
-  // copy bandwidth: fp32 262144 71.2 -> 83.0; bf16 x with an fp32 weight
-  // 24576 75.7 -> 83.3, 131072 74.2 -> 82.5).
+  // rather than from L2 for every row.  The cache holds only the arrays the
+  // launch reads (measured faster for RMSNorm, which has no bias).
   const int64_t cache = wb_cache_smem(p.cta_threads, p.nv, p.vec, w_bytes, w_arrays);
   p.cache_wb = !bwd && p.csize > 1 && p.vec > 1 && w_bytes > 0 && w_arrays > 0 && cache <= kWbCacheMax;
-  // And, where it still fits beside the cache, the next row's slice is
-  // copied into shared memory (cp.async) while the current one is reduced
-  // and written (v13c, H200, % of copy bandwidth: LN bf16 32768 83.6 ->
-  // 86.8, 65536 78.1 -> 85.2, 131072 76.5 -> 86.5; RMS bf16 65536 84.3 ->
-  // 87.2; LN fp32 131072 81.3 -> 88.5).  Where it does not (fp32 24576: two
-  // CTAs of 384 threads, 96 KB of cache), the narrower layout it would force
-  // lost 6 points.  A second staged row beside RMSNorm's weight-only cache
-  // lost 0.4-2.1 points (v15a).
+  // And, where it still fits beside the cache, the next row's slice is copied
+  // into shared memory (cp.async) while the current one is reduced and
+  // written.  Where it does not (fp32 24576: two CTAs of 384 threads, 96 KB
+  // of cache), the narrower layout it would force ran slower.  A second
+  // staged row beside RMSNorm's weight-only cache ran slower too.
   p.stage_x = p.cache_wb && cache + x_smem_bytes(p.cta_threads, p.nv) <= kWbCacheMax;
   return p;
 }
 
 // The register-kernel plan: the layout at max_accesses' budget, or, for rows
 // that need more than one CTA at it, at the `long_row` budget where:
-// - backward: always (8-byte rows have no larger budget).  fp32 clusters
-//   of 16 elements a thread, staged, beat those of 8 since cluster sums
-//   are pushed (v13a, H200, % of copy bandwidth, LN:
-//   16384 89.9 -> 95.3, 20480 86.9 -> 97.1, 32768 87.0 -> 92.8, 65536 80.5
-//   -> 95.6, 131072 55.7 (split path) -> 90.0; 12288 and 24576 lose 0.2-1.7
-//   from 97); v6d had measured them behind, with a cluster barrier a row.
+// - backward: always (8-byte rows have no larger budget).  fp32 clusters of
+//   16 elements a thread, staged, beat those of 8 (at 12288 and 24576 level
+//   or slightly behind) since cluster sums are pushed (RowReducer); with a
+//   cluster barrier a row they had lost.
 // - forward: 4- and 8-byte rows, unless the narrower thread's cluster stages
 //   the next row (Plan::stage_x), or the wider thread's cluster loses the
 //   weight cache that the narrower one keeps: the 128-byte threads' cache
-//   takes 128 KB at 512 threads (v13b, H200, fp32 LN 32768 74.9 -> 86.8,
-//   65536 71.3 -> 85.6, 131072 67.7 -> 81.0; RMS +3.3 to +6.9).  The staged
-//   cluster beat the one-CTA 128-byte threads (v14d, LN fp32 12288 87.7 ->
-//   89.8, 16384 87.8 -> 90.1) and the wide cluster that could not stage
-//   (20480 74.1 -> 89.0, 24576 80.5 -> 90.7); before staging, halving or
-//   removing a cluster had gained (v13b: LN 12288 one CTA 87.4 against 86.3
-//   in two, 20480 74.4 against 71.9).  Forward rows past a 16-CTA cluster of
-//   the narrower threads take a row group instead (register_layout; v19a,
-//   H200, % of copy bandwidth, from the wide cluster or the split path: LN
-//   fp32 262144 65.2 -> 88.9, 196608 70.3 -> 87.6, 300000 39.9 -> 83.0; RMS
-//   fp32 262144 83.4 -> 84.3; LN bf16 300000 36.7 -> 65.8).  Groups lost to
-//   the clusters that hold a row (fp32 32768-131072 by 1-7 points but LN
-//   131072 +1, 16-bit 65536-262144 by 17-22).
+//   takes 128 KB at 512 threads.  The staged cluster beat the one-CTA
+//   128-byte threads and the wide cluster that could not stage.  Forward rows
+//   past a 16-CTA cluster of the narrower threads take a row group instead
+//   (register_layout), which beat the wide cluster and the split path there;
+//   groups lost to the clusters that hold a row.
 inline Plan register_plan(int64_t rows, int64_t cols, int elem_bytes, int acc_bytes, bool vec_ok, bool bwd,
                           const DeviceInfo& dev, int w_bytes, int w_arrays = 2, bool two_sums = false) {
   const int vec = vec_ok ? 16 / elem_bytes : 1;

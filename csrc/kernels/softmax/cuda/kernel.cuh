@@ -35,10 +35,11 @@ enum class Mode { kRow, kCluster };
 constexpr int kMaxThreads = 512;  // a CTA; plan.h keeps to it
 constexpr int kMaxCluster = 16;
 // Register caps: 64 lets two CTAs of 512 threads share an SM, so one's loads
-// overlap the other's reduction (at 96 a row of 512 threads ran alone: bf16
-// 16384 forward at 62% of copy).  The forward takes each exponential twice
-// rather than hold them.  The log-softmax backward of 16-byte accesses spills
-// at 64 and takes 128; double 96.  The loop kernels stream, two CTAs an SM.
+// overlap the other's reduction (at 96 a CTA of 512 threads had an SM to
+// itself, and the bf16 forward ran far slower).  The forward takes each
+// exponential twice rather than hold them.  The log-softmax backward of
+// 16-byte accesses spills at 64 and takes 128; double 96.  The loop kernels
+// stream, two CTAs an SM.
 template <typename T>
 constexpr int row_regs(bool log_backward) {
   return log_backward && sizeof(T) <= 4 ? 128 : sizeof(T) == 8 ? 96 : 64;
