@@ -23,11 +23,11 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # Our C++ autograd uses torch's internal autograd API (torch/csrc/autograd),
 # which changes between minor versions (2.13 moved nodes to intrusive_ptr):
-# a torch newer than the newest tested one stops here with the reason instead
-# of in the compiler.  FLN_ALLOW_UNTESTED_TORCH=1 tries the build anyway.
+# a torch outside the tested range stops here with the reason instead of in
+# the compiler.  FLN_ALLOW_UNTESTED_TORCH=1 tries the build anyway.
 _TORCH_TESTED = "2.11 and 2.15"
 _TORCH_MAJOR_MINOR = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
-if _TORCH_MAJOR_MINOR >= (2, 16) and os.environ.get("FLN_ALLOW_UNTESTED_TORCH") != "1":
+if not (2, 11) <= _TORCH_MAJOR_MINOR < (2, 16) and os.environ.get("FLN_ALLOW_UNTESTED_TORCH") != "1":
     raise RuntimeError(
         f"fused_layernorm is not tested with torch {torch.__version__} (tested: {_TORCH_TESTED}; its C++ "
         "autograd API changes between versions); install a tested torch first, e.g. "

@@ -435,8 +435,9 @@ def test_cuda_matches_cpu(seed):
 @requires_cuda
 @pytest.mark.parametrize("dim", [64, 6])
 def test_every_token_of_a_long_sequence(dim, seed):
-    """More tokens than the resident CTAs take in one round, so threads prefetch rows of tokens
-    ahead and the last ones reach past the end: 2 x 20011 positions, every output checked."""
+    """More tokens than half a round of resident CTAs takes, so threads prefetch the rows of
+    tokens ahead, and those near the end find no token to prefetch: 2 x 20011 positions,
+    every output checked."""
     q, k, cos, sin, gq, gk = make(2, 4, 2, 20011, dim, torch.bfloat16, "cuda", seed, layout="bshd")
     run_and_check(q, k, cos, sin, gq, gk, UD["bshd"], False, torch.bfloat16)
 
