@@ -228,23 +228,20 @@ inline Plan short_row_layout(int64_t rows, int64_t nvec, int vec, bool two_sums)
 // pair rows, below), unless reread_despite_inflight (below), and except the
 // longer rows of staged clusters (reread_max_row, below).  Rows of 10-21 KB
 // that two accesses a thread cover exactly take it whatever their register
-// plan (reread_pair_fits, below).  Measured on H200 only: sm_80 has 192 KB of
-// L1 and shared memory, not 256, and newer GPUs run the kernel from
-// compute_90 PTX, whose JIT ignores the launch bounds' CTAs an SM.  Up to
-// 80 KB it ran ahead of the register and shared-memory plans at most sizes
-// (by far for 16-bit x with fp32 weight and bias).  Past 80 KB the rows of an
-// SM's two CTAs and the weight no longer stay in L1, and the second walk goes
-// to L2: rows of 96 KB and more ran slower re-read.
+// plan (reread_pair_fits, below).  sm_90 only: sm_80 has 192 KB of L1 and
+// shared memory, not 256, and newer GPUs run the kernel from compute_90 PTX,
+// whose JIT ignores the launch bounds' CTAs an SM.  Up to kRereadMaxRow the
+// rows of an SM's two CTAs and the weight stay in L1, so the second walk is
+// nearly free; past it the second walk goes to L2 (docs/design.md has the
+// measurements).
 constexpr int kRereadCta = 1024;
 constexpr int kRereadAccesses = 4;
 constexpr int64_t kRereadMaxRow = 80 * 1024;
 // The looped walk's CTA (reread_layout) takes kRereadAccesses a thread, or
 // fewer where CTAs of at most kRereadFillMaxCta threads then fill more of an
 // SM's kRereadSmThreads thread slots: bf16 12288 and fp32 6144 run 512
-// threads of 3 accesses (four CTAs, 2048 threads), not 384 of 4 (five, 1920),
-// as torch.compile's Triton kernel does at RMS bf16 12288; that measured
-// faster.  CTAs past 512 threads mostly ran slower (1024 threads of 3 against
-// 768 of 4, 608 of 3 against 448 of 4).
+// threads of 3 accesses (four CTAs, 2048 threads), not 384 of 4 (five, 1920).
+// Larger CTAs leave fewer of them an SM to overlap one another's reductions.
 constexpr int kRereadFillMaxCta = 512;
 
 // One-CTA register rows that keep max_inflight bytes in flight an SM stay in
