@@ -19,6 +19,7 @@ struct Layout {
   int y = 1;  // threads over the heads of a token
   int z = 1;  // tokens a CTA takes at a time
   int64_t prefetch = 0;  // tokens ahead whose rows are prefetched into L2 (0: none)
+  int64_t prefetch_batches = 0, prefetch_positions = 0;  // prefetch as (batches, positions): prefetch / seq, % seq
 };
 
 __device__ __forceinline__ void prefetch_l2(const void* ptr) { asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr)); }
@@ -117,11 +118,16 @@ __global__ void __launch_bounds__(kCtaThreads, kMinCtas) rope_kernel(const RopeP
     const DC* sin_row = static_cast<const DC*>(p.sin) + cs;
     const Rows<D> q(p.q, p.q_in, p.q_out, p.q_out_strides, bi, si);
     const Rows<D> k(p.k, p.k_in, p.k_out, p.k_out_strides, bi, si);
-    const int64_t ahead = t + lay.prefetch;
-    const bool prefetch = lay.prefetch > 0 && ahead < tokens;
-    const int64_t ba = prefetch ? ahead / p.seq : 0, sa = ahead - ba * p.seq;
-    const D* q_ahead = static_cast<const D*>(p.q) + ba * p.q_in.batch + sa * p.q_in.seq;
-    const D* k_ahead = static_cast<const D*>(p.k) + ba * p.k_in.batch + sa * p.k_in.seq;
+    // The token ahead's (batch, position) from this one's, without a second division.
+    int64_t ba = bi + lay.prefetch_batches, sa = si + lay.prefetch_positions;
+    if (sa >= p.seq) {
+      sa -= p.seq;
+      ++ba;
+    }
+    const bool prefetch = lay.prefetch > 0 && ba < p.batch;
+    const int64_t ahead_offset = prefetch ? ba * p.q_in.batch + sa * p.q_in.seq : 0;
+    const D* q_ahead = static_cast<const D*>(p.q) + ahead_offset;
+    const D* k_ahead = prefetch ? static_cast<const D*>(p.k) + ba * p.k_in.batch + sa * p.k_in.seq : q_ahead;
     for (int u = tx; u < units; u += lay.x) {
       const bool rotary = u < rot_units;
       const int o1 = !rotary ? rot + (u - rot_units) * 2 * P : kInterleaved ? 2 * u * P : u * P;

@@ -31,8 +31,8 @@ cudaError_t rope(const RopeParams& p, const DeviceInfo& dev, cudaStream_t stream
   auto go = [&](auto vec_tag, auto interleaved_tag, auto bwd_tag) {
     auto* kernel =
         &rope_kernel<T, C, decltype(vec_tag)::value, decltype(interleaved_tag)::value, decltype(bwd_tag)::value>;
-    const Layout lay{pl.threads_x, pl.threads_y, pl.threads_z,
-                     prefetch_tokens(add_norm::resident(kernel, dev, threads, 1, 0), pl.threads_z)};
+    const int64_t ahead = prefetch_tokens(add_norm::resident(kernel, dev, threads, 1, 0), pl.threads_z);
+    const Layout lay{pl.threads_x, pl.threads_y, pl.threads_z, ahead, ahead / p.seq, ahead % p.seq};
     kernel<<<dim3(unsigned(pl.grid)), dim3(unsigned(threads)), 0, stream>>>(p, lay);
   };
   auto with_bwd = [&](auto vec_tag, auto interleaved_tag) {
