@@ -18,6 +18,7 @@
 #include "fwd_reread_kernel.cuh"
 #include "fwd_rows_kernel.cuh"
 #include "fwd_split_kernels.cuh"
+#include "launch_common.cuh"
 #include "launch_plan.h"
 #include "norm_cuda.h"
 
@@ -31,7 +32,6 @@ static_assert(kShortRowAccesses == kRowsAccesses && kShortRowCta == kRowsCtaThre
               "launch_plan.h and fwd_rows_kernel.cuh must agree on short rows");
 static_assert(kMaxClusterCtas >= 16, "launch_plan.h plans clusters of up to 16 CTAs (RowReducer's slots)");
 
-inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 template <typename DT, typename DW>
 bool fwd_vec_ok(const FwdParams& p) {
@@ -47,101 +47,6 @@ bool bwd_vec_ok(const BwdParams& p) {
          aligned(p.dy, 16) && aligned(p.dx, 16) && aligned(p.w, sizeof(DW) * V);
 }
 
-// A launch configuration, with the cluster attribute when csize > 1, and
-// the programmatic-serialization attribute when `dependent` (the kernel may
-// start before the previous kernel on the stream ends, and waits for it with
-// wait_for_primary_grid(); sm_90+), and the cooperative attribute when
-// `cooperative` (CTAs that wait on each other: the row groups, group_xchg.cuh).
-struct LaunchConfig {
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[3];
-  LaunchConfig(dim3 grid, dim3 block, size_t smem, int csize, cudaStream_t stream, bool dependent = false,
-               bool cooperative = false) {
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    if (csize > 1) {
-      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
-      a.id = cudaLaunchAttributeClusterDimension;
-      a.val.clusterDim.x = unsigned(csize);
-      a.val.clusterDim.y = 1;
-      a.val.clusterDim.z = 1;
-    }
-    if (dependent) {
-      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
-      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      a.val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cooperative) {  // every CTA resident at once, or the launch fails
-      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
-      a.id = cudaLaunchAttributeCooperative;
-      a.val.cooperative = 1;
-    }
-  }
-  LaunchConfig(const LaunchConfig&) = delete;  // cfg.attrs points into this object
-  LaunchConfig& operator=(const LaunchConfig&) = delete;
-};
-
-// One launch path for plain and cluster launches.  A kernel that needs
-// dynamic shared memory or a cluster of more than 8 CTAs has been configured
-// by resident_groups() first, once per device.
-template <typename... KArgs, typename... Args>
-cudaError_t launch_with(const LaunchConfig& lc, void (*kernel)(KArgs...), Args... args) {
-  const cudaError_t e = cudaLaunchKernelEx(&lc.cfg, kernel, args...);
-  const cudaError_t last = cudaGetLastError();  // also clears a failed launch's error
-  return e != cudaSuccess ? e : last;
-}
-
-template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, int csize,
-                   cudaStream_t stream, Args... args) {
-  return launch_with(LaunchConfig(grid, block, smem, csize, stream), kernel, args...);
-}
-
-// Row groups (CTAs, or clusters) that fit on the device at once, cached per
-// kernel, device and shape of launch.  0 means the launch cannot fit at all.
-// On the first query it also sets the kernel attributes such a launch needs
-// (they persist on the device), so launches do no attribute calls.
-template <typename K>
-int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int, int, size_t>, int> cache;
-  static std::map<std::pair<const void*, int>, size_t> smem_limit;  // per kernel and device
-  const void* fn = reinterpret_cast<const void*>(kernel);
-  const auto key = std::make_tuple(fn, dev.index, cta_threads, csize, smem);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int groups = 0;
-  bool ok = true;
-  // The dynamic shared memory limit, raised to the largest launch of this
-  // kernel so far (never lowered: launches cached earlier rely on it).  It
-  // is set whenever dynamic memory is used, since dynamic plus static memory
-  // may not pass 48 KB without it: a backward CTA of 384 bf16 threads has
-  // exactly 48 KB of partials plus the reducer's buffer, and used to fall to
-  // the split path unnoticed.
-  size_t& limit = smem_limit[std::make_pair(fn, dev.index)];
-  if (smem > limit) {
-    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
-    if (ok) limit = smem;
-  }
-  if (ok && csize > 1) ok = built_for_clusters(fn);
-  if (ok && csize > 8)  // 16-CTA clusters are "non-portable" and must be enabled per kernel
-    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
-  if (ok && csize == 1) {
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cta_threads, smem) != cudaSuccess) per_sm = 0;
-    groups = per_sm * dev.sm_count;
-  } else if (ok) {
-    const LaunchConfig lc(dim3(unsigned(csize)), dim3(unsigned(cta_threads)), smem, csize, nullptr);
-    if (cudaOccupancyMaxActiveClusters(&groups, kernel, &lc.cfg) != cudaSuccess) groups = 0;
-  }
-  cudaGetLastError();  // a failed query must not leak into the next launch check
-  cache[key] = groups;
-  return groups;
-}
 
 // Row groups (Plan::group, group_xchg.cuh), both directions: as many
 // groups as are resident at once, and not more than rows (the launch is

@@ -3,10 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <map>
-#include <mutex>
-#include <tuple>
-
+#include "../../cuda/launch_common.cuh"
 #include "add_norm_cuda.h"
 #include "kernel.cuh"
 #include "plan.h"
@@ -16,69 +13,6 @@ namespace fln::cuda {
 namespace add_norm {
 
 static_assert(kPlanMaxThreads <= kMaxCtaThreads && kPlanMaxCluster <= kMaxClusterCtas, "RowReducer's warp and CTA slots");
-
-inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// A launch with the cluster attribute when cluster > 1.
-template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, int cluster, cudaStream_t stream,
-                   Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  if (cluster > 1) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(cluster);
-    attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-    cfg.numAttrs = 1;
-  }
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-  const cudaError_t last = cudaGetLastError();  // also clears a failed launch's error
-  return e != cudaSuccess ? e : last;
-}
-
-// CTAs (or clusters) resident at once, cached per kernel, device and shape;
-// 0 when none fits.  Sets the attributes such a launch needs on first use.
-template <typename K>
-int resident(K kernel, const DeviceInfo& dev, int threads, int cluster, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int, int, size_t>, int> cache;
-  const void* fn = reinterpret_cast<const void*>(kernel);
-  const auto key = std::make_tuple(fn, dev.index, threads, cluster, smem);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int n = 0;
-  bool ok = true;
-  if (smem > 48 * 1024)
-    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
-  if (ok && cluster > 1) ok = built_for_clusters(fn);
-  if (ok && cluster > 8)  // 16-CTA clusters are non-portable and enabled per kernel
-    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
-  if (ok && cluster == 1) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) n = 0;
-    n *= dev.sm_count;
-  } else if (ok) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    cfg.gridDim = dim3(unsigned(cluster));
-    cfg.blockDim = dim3(unsigned(threads));
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(cluster);
-    attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) n = 0;
-  }
-  cudaGetLastError();
-  cache[key] = n;
-  return n;
-}
 
 template <typename T>
 using acc = dacc_t<T>;
@@ -118,7 +52,7 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     if (pl.strategy == Strategy::kCluster) {
       auto k = drop ? &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster, true>
                     : &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster, false>;
-      const int64_t res = resident(k, dev, pl.cta_threads, pl.cluster, 0);
+      const int64_t res = resident_groups(k, dev, pl.cta_threads, pl.cluster, 0);
       if (res > 0) {  // a persistent grid: one launch of clusters for many rows
         const int64_t groups = p.rows < res ? p.rows : res;
         return launch(k, dim3(unsigned(groups * pl.cluster)), pl.cta_threads, 0, pl.cluster, stream, p, lay,
@@ -183,7 +117,7 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
     };
     if (pl.strategy == Strategy::kCluster) {
       auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster>;
-      const int64_t res = resident(k, dev, pl.cta_threads, pl.cluster, smem);
+      const int64_t res = resident_groups(k, dev, pl.cta_threads, pl.cluster, smem);
       if (res > 0) {
         const int64_t groups = p.rows < res ? p.rows : res;
         auto [pw, pb] = parts(groups);
@@ -197,7 +131,7 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
     }
     if (pl.strategy == Strategy::kSplit) {
       auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kSplitApply>;
-      const int64_t res = resident(k, dev, pl.cta_threads, 1, 0) / pl.chunks;
+      const int64_t res = resident_groups(k, dev, pl.cta_threads, 1, 0) / pl.chunks;
       int64_t groups = p.rows < res ? p.rows : res;
       if (groups < 1) groups = 1;
       if (groups > kMaxGridY) groups = kMaxGridY;
@@ -212,7 +146,7 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
       return e == cudaSuccess ? finalize(pw, pb, groups) : e;
     }
     auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kRow>;
-    const int64_t res = resident(k, dev, pl.cta_threads, 1, smem);
+    const int64_t res = resident_groups(k, dev, pl.cta_threads, 1, smem);
     if (res == 0) return cudaErrorInvalidConfiguration;
     const int64_t needed = (p.rows + rows_per_cta - 1) / rows_per_cta;
     const int64_t groups = needed < res ? needed : res;

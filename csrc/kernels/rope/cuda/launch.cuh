@@ -5,7 +5,7 @@
 
 #include <type_traits>
 
-#include "../../add_norm/cuda/launch.cuh"
+#include "../../cuda/launch_common.cuh"
 #include "kernel.cuh"
 #include "plan.h"
 #include "rope_cuda.h"
@@ -31,7 +31,7 @@ cudaError_t rope(const RopeParams& p, const DeviceInfo& dev, cudaStream_t stream
   auto go = [&](auto vec_tag, auto interleaved_tag, auto bwd_tag) {
     auto* kernel =
         &rope_kernel<T, C, decltype(vec_tag)::value, decltype(interleaved_tag)::value, decltype(bwd_tag)::value>;
-    const int64_t ahead = prefetch_tokens(add_norm::resident(kernel, dev, threads, 1, 0), pl.threads_z);
+    const int64_t ahead = prefetch_tokens(resident_groups(kernel, dev, threads, 1, 0), pl.threads_z);
     const Layout lay{pl.threads_x, pl.threads_y, pl.threads_z, ahead, ahead / p.seq, ahead % p.seq};
     kernel<<<dim3(unsigned(pl.grid)), dim3(unsigned(threads)), 0, stream>>>(p, lay);
   };

@@ -7,7 +7,7 @@
 
 #include <type_traits>
 
-#include "../../add_norm/cuda/launch.cuh"
+#include "../../cuda/launch_common.cuh"
 #include "kernel.cuh"
 #include "plan.h"
 #include "softmax_cuda.h"
@@ -56,8 +56,6 @@ cudaError_t with_tags(const Plan& pl, bool log, F&& f) {
 template <typename RowK, typename ClusterK, typename LoopK>
 cudaError_t run(const SoftmaxParams& p, Plan pl, const DeviceInfo& dev, cudaStream_t stream, RowK row_k,
                 ClusterK cluster_k, LoopK loop_k) {
-  using add_norm::launch;
-  using add_norm::resident;
   const Layout lay{pl.threads_per_row, pl.cluster};
   if (pl.strategy == Strategy::kRow) {
     const int rows_per_cta = pl.cta_threads / pl.threads_per_row;
@@ -66,7 +64,7 @@ cudaError_t run(const SoftmaxParams& p, Plan pl, const DeviceInfo& dev, cudaStre
     return launch(row_k, dim3(unsigned(groups)), pl.cta_threads, 0, 1, stream, p, lay);
   }
   if (pl.strategy == Strategy::kCluster) {
-    const int64_t res = resident(cluster_k, dev, pl.cta_threads, pl.cluster, 0);
+    const int64_t res = resident_groups(cluster_k, dev, pl.cta_threads, pl.cluster, 0);
     if (res > 0) {  // a persistent grid of clusters
       const int64_t groups = p.rows < res ? p.rows : res;
       const cudaError_t e =
@@ -78,7 +76,7 @@ cudaError_t run(const SoftmaxParams& p, Plan pl, const DeviceInfo& dev, cudaStre
     }
     pl = loop_plan(pl);
   }
-  const int64_t res = resident(loop_k, dev, pl.cta_threads, 1, 0);
+  const int64_t res = resident_groups(loop_k, dev, pl.cta_threads, 1, 0);
   int64_t grid = p.rows < res ? p.rows : res;
   if (grid < 1) grid = 1;
   return launch(loop_k, dim3(unsigned(grid)), pl.cta_threads, 0, 1, stream, p);
