@@ -220,9 +220,10 @@ def test_plain_equals_layer_norm(dtype, device, seed):
     check(y, ye, dtype, 200, scale=4.0)
 
 
-def test_constant_rows_give_the_bias(device):
-    """A constant row has zero variance: y is the bias to fp32 rounding."""
-    n = 4096
+@pytest.mark.parametrize("n", [4096, 12288])
+def test_constant_rows_give_the_bias(n, device):
+    """A constant row has zero variance: y is the bias to fp32 rounding (12288: a cluster row
+    on sm_90, whose CTAs' statistics merge)."""
     x = torch.full((4, n), 3.1, device=device)
     r = torch.full((4, n), 0.7, device=device)
     b = torch.randn(n, device=device)
@@ -350,6 +351,37 @@ def test_long_rows(kind, dtype, hidden, seed):
     check(y, ye, dtype, hidden, scale=4.0, what="y")
     check(xl.grad, xr.grad, dtype, hidden, scale=64.0, what="dx")
     check(wl.grad, wr.grad, dtype, hidden * 3, scale=64.0, what="dweight")
+
+
+@requires_cuda
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype,hidden,h_dtype", [(torch.bfloat16, 8200, None), (torch.bfloat16, 12288, None),
+                                                  (torch.bfloat16, 20000, None), (torch.float32, 5000, None),
+                                                  (torch.float16, 16384, None), (torch.bfloat16, 12288, torch.float32)],
+                         ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "no_residual"])
+def test_long_rows_without_dropout(kind, dtype, hidden, h_dtype, residual, seed):
+    """Rows of 16-80 KB without dropout (test_long_rows draws a mask; these take the kernels
+    built without dropout code), one CTA or a cluster a row, with threads whose last access
+    lies past the row (8200, 20000, fp32 5000): y, h and the gradients against float64,
+    outputs poisoned first, and y without return_residual (h then not stored) the same."""
+    shape = (5, hidden)
+    x, r, w, b, dy, dh = _inputs(shape, dtype, "cuda", seed, residual=residual, h_dtype=h_dtype, kind=kind)
+    xl, rl, wl, bl = _leaves(x, r, w, b)
+    poison_cuda_cache(*(2 * [x.numel() * x.element_size()]))
+    kw = {"residual_dtype": h_dtype} if h_dtype is not None else {}
+    y, h = _run(kind, xl, rl, wl, bl, 1e-5, weight_offset=0.25, return_residual=True, **kw)
+    torch.autograd.backward([y, h], [dy, dh.to(h.dtype)])
+    xr, rr, wr, br = _leaves(x, r, w, b)
+    ye, he = reference(kind, xr, rr, wr, br, 1e-5, offset=0.25, h_dtype=h_dtype)
+    torch.autograd.backward([ye, he], [dy.double(), dh.double()])
+    check(h, he, h.dtype, 1, what="h")
+    check(y, ye, dtype, hidden, scale=4.0, what="y")
+    check(xl.grad, xr.grad, dtype, hidden, scale=64.0, what="dx")
+    check(wl.grad, wr.grad, dtype, hidden * 5, scale=64.0, what="dweight")
+    # Without return_residual h is not stored: the same y.
+    y2 = _run(kind, x, r, w, b, 1e-5, weight_offset=0.25, **kw)
+    assert torch.equal(y2, y.detach())
 
 
 @requires_cuda
