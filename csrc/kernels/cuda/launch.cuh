@@ -32,7 +32,6 @@ static_assert(kShortRowAccesses == kRowsAccesses && kShortRowCta == kRowsCtaThre
               "launch_plan.h and fwd_rows_kernel.cuh must agree on short rows");
 static_assert(kMaxClusterCtas >= 16, "launch_plan.h plans clusters of up to 16 CTAs (RowReducer's slots)");
 
-
 template <typename DT, typename DW>
 bool fwd_vec_ok(const FwdParams& p) {
   constexpr int V = 16 / sizeof(DT);
@@ -46,7 +45,6 @@ bool bwd_vec_ok(const BwdParams& p) {
   return p.cols % V == 0 && p.x_stride % V == 0 && p.dy_stride % V == 0 && aligned(p.x, 16) &&
          aligned(p.dy, 16) && aligned(p.dx, 16) && aligned(p.w, sizeof(DW) * V);
 }
-
 
 // Row groups (Plan::group, group_xchg.cuh), both directions: as many
 // groups as are resident at once, and not more than rows (the launch is

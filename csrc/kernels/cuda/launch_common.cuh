@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "common.cuh"
-#include "launch_plan.h"
+#include "device_info.h"
 
 namespace fln::cuda {
 

@@ -3,13 +3,9 @@
 #pragma once
 #include <cstdint>
 
-namespace fln::cuda {
+#include "device_info.h"
 
-struct DeviceInfo {
-  int index = 0;
-  int sm_count = 1;
-  int cc_major = 8;
-};
+namespace fln::cuda {
 
 struct Plan {
   bool registers = true;  // register kernels; false: looped fallback kernels

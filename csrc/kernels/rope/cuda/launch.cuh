@@ -19,13 +19,12 @@ cudaError_t rope(const RopeParams& p, const DeviceInfo& dev, cudaStream_t stream
   if (tokens == 0 || rows == 0 || p.head_dim == 0) return cudaSuccess;
   // 16-byte accesses where every pointer, stride and size allows; else one element.
   constexpr int V = 16 / sizeof(T);
-  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   auto whole = [](const RopeStrides& s) { return s.batch % V == 0 && s.seq % V == 0 && s.head % V == 0; };
   bool vec_ok = p.head_dim % (2 * V) == 0 && p.rotary_dim % (2 * V) == 0 && p.cs_batch % V == 0 &&
-                p.cs_seq % V == 0 && aligned(p.cos) && aligned(p.sin) && aligned(p.q) && aligned(p.q_out) &&
-                whole(p.q_in) && whole(p.q_out_strides);
+                p.cs_seq % V == 0 && aligned(p.cos, 16) && aligned(p.sin, 16) && aligned(p.q, 16) &&
+                aligned(p.q_out, 16) && whole(p.q_in) && whole(p.q_out_strides);
   if (p.heads_k > 0)
-    vec_ok = vec_ok && aligned(p.k) && aligned(p.k_out) && whole(p.k_in) && whole(p.k_out_strides);
+    vec_ok = vec_ok && aligned(p.k, 16) && aligned(p.k_out, 16) && whole(p.k_in) && whole(p.k_out_strides);
   const rotary::Plan pl = rotary::make_plan(tokens, rows, p.head_dim, int(sizeof(T)), vec_ok);
   const int threads = pl.threads_x * pl.threads_y * pl.threads_z;
   auto go = [&](auto vec_tag, auto interleaved_tag, auto bwd_tag) {

@@ -27,8 +27,9 @@ constexpr int64_t kMaxGrid = 0x7fffffff;
 
 // Tokens ahead a thread prefetches into L2: the tokens of half a round of
 // resident CTAs.  The rows a thread holds in registers alone keep too few
-// bytes in flight for a GPU as fast as an H200; half a round ahead lands in L2
-// before the CTAs that read it start, and stays a few MB, far below L2's size.
+// bytes in flight to cover DRAM latency at full bandwidth; half a round ahead
+// lands in L2 before the CTAs that read it start, and stays a few MB, far
+// below L2's size.
 inline int64_t prefetch_tokens(int64_t resident_ctas, int threads_z) { return resident_ctas * threads_z / 2; }
 
 inline Plan make_plan(int64_t tokens, int64_t rows, int64_t head_dim, int elem_bytes, bool vec_ok) {

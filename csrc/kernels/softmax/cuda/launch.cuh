@@ -30,9 +30,9 @@ constexpr int kLoopBwdAccesses = NV > 1 ? NV / 2 : 1;
 template <typename T>
 bool vec_ok(const SoftmaxParams& p) {
   constexpr int V = 16 / sizeof(T);
-  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  bool ok = p.cols % V == 0 && p.in_stride % V == 0 && p.out_stride % V == 0 && aligned(p.in) && aligned(p.out);
-  if (p.backward) ok = ok && p.grad_stride % V == 0 && aligned(p.grad);
+  bool ok = p.cols % V == 0 && p.in_stride % V == 0 && p.out_stride % V == 0 && aligned(p.in, 16) &&
+            aligned(p.out, 16);
+  if (p.backward) ok = ok && p.grad_stride % V == 0 && aligned(p.grad, 16);
   return ok;
 }
 

@@ -5,7 +5,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#include "../../cuda/norm_cuda.h"
+#include "../../cuda/device_info.h"
 #include "../params.h"
 
 namespace fln::cuda {
