@@ -59,6 +59,21 @@ TEST(AddNormPhilox, KeepRateAndEdges) {
   EXPECT_GT(differ, 8);
 }
 
+// Element c of a block reads the low (c even) or high half of word c / 2; the
+// keep probability is 1 - p rounded to a multiple of 2^-16.
+TEST(AddNormPhilox, SixteenBitDrawsAnElement) {
+  const DropoutMask m = DropoutMask::make(1, 0, 8, 0.5);
+  EXPECT_EQ(m.threshold, 32768u);
+  const fln::Philox4 d{{0x7FFF8000u, 0x80007FFFu, 0x0000FFFFu, 0xFFFF0000u}};
+  const bool expect[8] = {false, true, true, false, false, true, true, false};
+  for (int c = 0; c < 8; ++c) EXPECT_EQ(m.keep(d, c), expect[c]) << "element " << c;
+  for (int c = 8; c < 16; ++c) EXPECT_EQ(m.keep(d, c), expect[c - 8]) << "element " << c;
+  EXPECT_EQ(DropoutMask::make(1, 0, 8, 0.1).threshold, 58982u);  // 0.9 * 65536 = 58982.4
+  EXPECT_EQ(DropoutMask::make(1, 0, 8, 0.0).threshold, 65536u);  // every draw kept
+  EXPECT_EQ(DropoutMask::make(1, 0, 8, 1.0).threshold, 0u);
+  EXPECT_EQ(DropoutMask::make(1, 0, 9, 0.5).padded_cols, 16);
+}
+
 // Every column is covered, CTAs stay within the limits, and each strategy is
 // taken only where it must be.
 TEST(AddNormPlan, CoversEveryRowWithinLimits) {

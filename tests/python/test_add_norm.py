@@ -197,6 +197,29 @@ def test_dropout_seeded(device):
     assert torch.equal(c1, masks(generator=g))
 
 
+def test_dropout_mask_is_layout_free(device):
+    """The mask depends on (seed, offset, row, column) alone: 16-byte accesses of bf16 (8
+    elements) and fp32 (4) and one-element accesses of a misaligned view see the same
+    mask, and each backward regenerates its forward's."""
+    rows, n = 6, 4104  # n a multiple of 8 and 4, not of 16
+    base = torch.randn(rows * n + 1, device=device)
+    dy = torch.arange(rows * n, device=device, dtype=torch.float32).sin().view(rows, n)
+    masks = []
+    for dtype, start in ((torch.bfloat16, 0), (torch.float32, 0), (torch.float32, 1)):
+        x = base.to(dtype)[start:start + rows * n].view(rows, n).detach().requires_grad_()
+        torch.manual_seed(5)
+        y, mask = fl.layer_norm(x, [n], dropout_p=0.4, return_dropout_mask=True)
+        (y.float() * dy).sum().backward()
+        what = f"{dtype} starting at element {start}"
+        assert not x.grad[~mask].any(), f"{what}: dx nonzero where x was dropped"
+        assert x.grad[mask].ne(0).float().mean().item() > 0.99, f"{what}: dx zero where x was kept"
+        masks.append(mask)
+    keep = masks[0].double().mean().item()
+    assert abs(keep - 0.6) < 6 * math.sqrt(0.24 / masks[0].numel()), keep
+    for m in masks[1:]:
+        assert torch.equal(m, masks[0])
+
+
 @pytest.mark.parametrize("kind", ["ln", "rms"])
 def test_dropout_zero_is_bitwise_plain(kind, device, seed):
     """dropout_p=0 gives bitwise the no-dropout result; p=1 drops x entirely."""

@@ -10,7 +10,7 @@
 namespace fln {
 
 // Where the dropout mask comes from: Philox4x32-10 keyed by seed, counter
-// (offset / 4, element / 4) (philox.h).  When seed_ptr is set (a CUDA graph
+// (offset / 4, element / 8) (philox.h).  When seed_ptr is set (a CUDA graph
 // being captured, or a backward that reads what its forward drew) seed and
 // offset are read from seed_ptr[0] and offset_ptr[0] + offset_extra on the
 // device, as torch's philox unpack does.

@@ -2,10 +2,11 @@
 // backward regenerates exactly the forward's mask whatever the launch layout,
 // on the host and the device alike.  Philox4x32-10 (Salmon et al., 2011) with
 // key = seed and counter = (offset / 4, block), where block numbers groups of
-// four elements, rows padded to a multiple of four: each draw of four 32-bit
-// words serves four neighbouring elements.  This is curand_init(seed,
-// subsequence = block, offset)'s first draw, so the generator's offset
-// advances by 4 a call, as torch's kernels advance it.
+// eight elements, rows padded to a multiple of eight: each draw of four 32-bit
+// words serves eight neighbouring elements, 16 bits each (half the Philox
+// rounds of a word an element; the keep probability is 1 - p rounded to a
+// multiple of 2^-16).  The generator's offset advances by 4 a call, as torch's
+// kernels advance it.
 #pragma once
 #include <cstdint>
 
@@ -54,30 +55,35 @@ FLN_HD Philox4 philox4x32_10(uint64_t counter_lo, uint64_t counter_hi, uint64_t 
   return Philox4{{c0, c1, c2, c3}};
 }
 
-// Keeps an element when its 32-bit draw is below keep_threshold(p).
+// Element c of a block takes the low (c even) or high half of word c / 2 and
+// is kept when that 16-bit draw is below threshold = round((1 - p) 2^16).
 struct DropoutMask {
+  static constexpr int kBlock = 8;  // elements a Philox draw serves
   uint64_t seed = 0, offset = 0;
-  int64_t padded_cols = 0;  // cols rounded up to a multiple of 4
-  uint32_t threshold = 0;   // keep below this; p == 1 keeps none
+  int64_t padded_cols = 0;  // cols rounded up to a multiple of kBlock
+  uint32_t threshold = 0;   // keep a 16-bit draw below this, in [0, 2^16]
   double scale = 0;         // 1 / (1 - p); 0 when p == 1
 
   FLN_HD static DropoutMask make(uint64_t seed, uint64_t offset, int64_t cols, double p) {
     DropoutMask m;
     m.seed = seed;
     m.offset = offset;
-    m.padded_cols = (cols + 3) / 4 * 4;
-    const double keep = 1.0 - double(p);
-    const double t = keep * 4294967296.0;
-    m.threshold = t >= 4294967295.0 ? 4294967295u : uint32_t(t);
+    m.padded_cols = (cols + kBlock - 1) / kBlock * kBlock;
+    const double keep = p >= 1.0 ? 0.0 : 1.0 - double(p);
+    m.threshold = uint32_t(keep * 65536.0 + 0.5);
     m.scale = p >= 1.0 ? 0.0 : 1.0 / keep;
     return m;
   }
-  // The four draws of the block holding (row, col).
+  // The draws of the block holding (row, col).
   FLN_HD Philox4 draws(int64_t row, int64_t col) const {
-    const uint64_t block = uint64_t(row * padded_cols + col) >> 2;
+    const uint64_t block = uint64_t(row * padded_cols + col) / kBlock;
     return philox4x32_10(offset >> 2, block, seed);
   }
-  FLN_HD bool keep(const Philox4& d, int64_t col) const { return d.v[col & 3] < threshold; }
+  // Element col's keep flag from its block's draws.
+  FLN_HD bool keep(const Philox4& d, int64_t col) const {
+    const int e = int(uint64_t(col) % kBlock);
+    return ((d.v[e >> 1] >> (16 * (e & 1))) & 0xFFFFu) < threshold;
+  }
   FLN_HD bool keep(int64_t row, int64_t col) const { return keep(draws(row, col), col); }
 };
 

@@ -124,21 +124,25 @@ __device__ __forceinline__ Place place(const Layout& lay) {
 }
 
 // The dropout keep bits of one access of VEC elements at (row, col), col a
-// multiple of VEC: one Philox draw serves four elements.
+// multiple of VEC: one Philox draw serves eight elements, two a 32-bit word.
 template <int VEC>
 __device__ __forceinline__ uint32_t keep_bits(const DropoutMask& dm, int64_t row, int64_t col) {
+  constexpr int kBlock = DropoutMask::kBlock;
   uint32_t bits = 0;
-  if constexpr (VEC % 4 == 0) {
+  if constexpr (VEC % kBlock == 0) {
 #pragma unroll
-    for (int q = 0; q < VEC / 4; ++q) {
-      const Philox4 d = dm.draws(row, col + 4 * q);
+    for (int q = 0; q < VEC / kBlock; ++q) {
+      const Philox4 d = dm.draws(row, col + kBlock * q);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) bits |= uint32_t(d.v[j] < dm.threshold) << (4 * q + j);
+      for (int j = 0; j < 4; ++j) {
+        bits |= uint32_t((d.v[j] & 0xFFFFu) < dm.threshold) << (kBlock * q + 2 * j);
+        bits |= uint32_t((d.v[j] >> 16) < dm.threshold) << (kBlock * q + 2 * j + 1);
+      }
     }
-  } else {  // VEC 1 or 2: the access lies in one block
+  } else {  // VEC 1, 2 or 4: the access lies in one block
     const Philox4 d = dm.draws(row, col);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) bits |= uint32_t(d.v[(col + k) & 3] < dm.threshold) << k;
+    for (int k = 0; k < VEC; ++k) bits |= uint32_t(dm.keep(d, col + k)) << k;
   }
   return bits;
 }
