@@ -139,10 +139,17 @@ __device__ __forceinline__ uint32_t keep_bits(const DropoutMask& dm, int64_t row
         bits |= uint32_t((d.v[j] >> 16) < dm.threshold) << (kBlock * q + 2 * j + 1);
       }
     }
-  } else {  // VEC 1, 2 or 4: the access lies in one block
+  } else {  // VEC 1, 2 or 4: the access lies in one half of a block, two words
     const Philox4 d = dm.draws(row, col);
+    const bool upper = col & 4;
+    const uint32_t words[2] = {upper ? d.v[2] : d.v[0], upper ? d.v[3] : d.v[1]};
+    const int first = VEC == 4 ? 0 : int(col & 3);  // static for VEC 4: no indexing by a register
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) bits |= uint32_t(dm.keep(d, col + k)) << k;
+    for (int k = 0; k < VEC; ++k) {
+      const int e = first + k;
+      const uint32_t w = e & 2 ? words[1] : words[0];
+      bits |= uint32_t(((e & 1 ? w >> 16 : w) & 0xFFFFu) < dm.threshold) << k;
+    }
   }
   return bits;
 }
