@@ -45,13 +45,9 @@ inline DropoutMask host_mask(const DropoutRng& rng, int64_t cols, double p) {
 inline void keep_flags(const DropoutMask& dm, int64_t r, uint8_t* __restrict keep) {
   constexpr int kBlock = DropoutMask::kBlock;
   const uint64_t first = uint64_t(r * dm.padded_cols) / kBlock, counter = dm.offset >> 2;
-  const uint32_t threshold = dm.threshold;
   for (int64_t k = 0; k < dm.padded_cols / kBlock; ++k) {
     const Philox4 d = philox4x32_10(counter, first + uint64_t(k), dm.seed);
-    for (int j = 0; j < 4; ++j) {
-      keep[kBlock * k + 2 * j] = (d.v[j] & 0xFFFFu) < threshold;
-      keep[kBlock * k + 2 * j + 1] = (d.v[j] >> 16) < threshold;
-    }
+    for (int e = 0; e < kBlock; ++e) keep[kBlock * k + e] = dm.keep(d, e);
   }
 }
 

@@ -134,10 +134,7 @@ __device__ __forceinline__ uint32_t keep_bits(const DropoutMask& dm, int64_t row
     for (int q = 0; q < VEC / kBlock; ++q) {
       const Philox4 d = dm.draws(row, col + kBlock * q);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        bits |= uint32_t((d.v[j] & 0xFFFFu) < dm.threshold) << (kBlock * q + 2 * j);
-        bits |= uint32_t((d.v[j] >> 16) < dm.threshold) << (kBlock * q + 2 * j + 1);
-      }
+      for (int e = 0; e < kBlock; ++e) bits |= uint32_t(dm.keep(d, e)) << (kBlock * q + e);
     }
   } else {  // VEC 1, 2 or 4: the access lies in one half of a block, two words
     const Philox4 d = dm.draws(row, col);

@@ -1,7 +1,7 @@
 // Launchers of the softmax kernels: plan.h's plan turned into an
 // instantiation (access width, accesses a thread, strategy, log), a grid and
-// a launch on the caller's stream.  The launch and occupancy helpers are the
-// fused pre-norm family's (add_norm/cuda/launch.cuh).
+// a launch on the caller's stream, through the helpers every op shares
+// (cuda/launch_common.cuh).
 #pragma once
 #include <cuda_runtime.h>
 
