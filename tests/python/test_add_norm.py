@@ -197,11 +197,13 @@ def test_dropout_seeded(device):
     assert torch.equal(c1, masks(generator=g))
 
 
-def test_dropout_mask_is_layout_free(device):
+@pytest.mark.parametrize("n", [4, 12, 40, 4104, 8200])
+def test_dropout_mask_is_layout_free(n, device):
     """The mask depends on (seed, offset, row, column) alone: 16-byte accesses of bf16 (8
-    elements) and fp32 (4) and one-element accesses of a misaligned view see the same
-    mask, and each backward regenerates its forward's."""
-    rows, n = 6, 4104  # n a multiple of 8 and 4, not of 16
+    elements) and fp32 (4; lane pairs share a draw where a row's team is even) and
+    one-element accesses of a misaligned view see the same mask, and each backward
+    regenerates its forward's."""
+    rows = 6  # 8200: a cluster row of the fp32 forward on sm_90
     base = torch.randn(rows * n + 1, device=device)
     dy = torch.arange(rows * n, device=device, dtype=torch.float32).sin().view(rows, n)
     masks = []
@@ -212,7 +214,9 @@ def test_dropout_mask_is_layout_free(device):
         (y.float() * dy).sum().backward()
         what = f"{dtype} starting at element {start}"
         assert not x.grad[~mask].any(), f"{what}: dx nonzero where x was dropped"
-        assert x.grad[mask].ne(0).float().mean().item() > 0.99, f"{what}: dx zero where x was kept"
+        # (a row of 4 with one element kept has dx ~ 0 there: LayerNorm ignores its scale)
+        min_nonzero = 0.99 if n >= 40 else 0.9
+        assert x.grad[mask].ne(0).float().mean().item() > min_nonzero, f"{what}: dx zero where x was kept"
         masks.append(mask)
     keep = masks[0].double().mean().item()
     assert abs(keep - 0.6) < 6 * math.sqrt(0.24 / masks[0].numel()), keep

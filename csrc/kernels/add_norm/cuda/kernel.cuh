@@ -123,32 +123,50 @@ __device__ __forceinline__ Place place(const Layout& lay) {
   return pl;
 }
 
-// The dropout keep bits of one access of VEC elements at (row, col), col a
-// multiple of VEC: one Philox draw serves eight elements, two a 32-bit word.
+// The dropout keep bits of one access of VEC <= 4 elements at (row, col), col
+// a multiple of VEC: the access lies in one half of a block, two words.
 template <int VEC>
 __device__ __forceinline__ uint32_t keep_bits(const DropoutMask& dm, int64_t row, int64_t col) {
-  constexpr int kBlock = DropoutMask::kBlock;
+  static_assert(VEC <= 4, "wider accesses test each element's draw where it is used");
+  const Philox4 d = dm.draws(row, col);
+  const bool upper = col & 4;
+  const uint32_t words[2] = {upper ? d.v[2] : d.v[0], upper ? d.v[3] : d.v[1]};
+  const int first = VEC == 4 ? 0 : int(col & 3);  // static for VEC 4: no indexing by a register
   uint32_t bits = 0;
-  if constexpr (VEC % kBlock == 0) {
 #pragma unroll
-    for (int q = 0; q < VEC / kBlock; ++q) {
-      const Philox4 d = dm.draws(row, col + kBlock * q);
-#pragma unroll
-      for (int e = 0; e < kBlock; ++e) bits |= uint32_t(dm.keep(d, e)) << (kBlock * q + e);
-    }
-  } else {  // VEC 1, 2 or 4: the access lies in one half of a block, two words
-    const Philox4 d = dm.draws(row, col);
-    const bool upper = col & 4;
-    const uint32_t words[2] = {upper ? d.v[2] : d.v[0], upper ? d.v[3] : d.v[1]};
-    const int first = VEC == 4 ? 0 : int(col & 3);  // static for VEC 4: no indexing by a register
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const int e = first + k;
-      const uint32_t w = e & 2 ? words[1] : words[0];
-      bits |= uint32_t(((e & 1 ? w >> 16 : w) & 0xFFFFu) < dm.threshold) << k;
-    }
+  for (int k = 0; k < VEC; ++k) {
+    const int e = first + k;
+    const uint32_t w = e & 2 ? words[1] : words[0];
+    bits |= uint32_t(((e & 1 ? w >> 16 : w) & 0xFFFFu) < dm.threshold) << k;
   }
   return bits;
+}
+
+// The keep bits of a thread's accesses i and i + 1 of four elements (fp32
+// rows), a draw serving eight elements as in 16-bit rows: where a row's team
+// is an even number of lanes, lanes 2j and 2j + 1 hold the two halves of each
+// block, so the even lane draws access i's block, the odd lane access i + 1's,
+// and the pair swaps the halves it does not own with two shuffles.  Every lane
+// of the warp calls it (i + 1 == NV: access i alone, drawn by each lane).
+template <int NV, typename Col>
+__device__ __forceinline__ void keep_bits_fp32(const DropoutMask& dm, int64_t row, Col col, bool paired, int i,
+                                               uint32_t (&keep)[NV]) {
+  if (i + 1 < NV && paired) {
+    auto bits = [&](uint32_t w0, uint32_t w1) {
+      return uint32_t((w0 & 0xFFFFu) < dm.threshold) | uint32_t((w0 >> 16) < dm.threshold) << 1 |
+             uint32_t((w1 & 0xFFFFu) < dm.threshold) << 2 | uint32_t((w1 >> 16) < dm.threshold) << 3;
+    };
+    const bool odd = threadIdx.x & 1;
+    const Philox4 d = dm.draws(row, col(odd ? i + 1 : i));
+    const uint32_t own0 = odd ? d.v[2] : d.v[0], own1 = odd ? d.v[3] : d.v[1];
+    const uint32_t got0 = __shfl_xor_sync(0xFFFFFFFFu, odd ? d.v[0] : d.v[2], 1);
+    const uint32_t got1 = __shfl_xor_sync(0xFFFFFFFFu, odd ? d.v[1] : d.v[3], 1);
+    keep[i] = odd ? bits(got0, got1) : bits(own0, own1);
+    keep[i + 1] = odd ? bits(own0, own1) : bits(got0, got1);
+  } else {
+    keep[i] = keep_bits<4>(dm, row, col(i));
+    if (i + 1 < NV) keep[i + 1] = keep_bits<4>(dm, row, col(i + 1));
+  }
 }
 
 __device__ __forceinline__ DropoutMask device_mask(const DropoutRng& rng, int64_t cols, double p) {
@@ -268,9 +286,13 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
         }
       }
     }
+    uint32_t keep4[VEC == 4 ? NV : 1];
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = col(i);
+      // fp32 rows draw a pair of accesses at a time, before any lane leaves.
+      if constexpr (VEC == 4 && M != Mode::kSplitApply)
+        if (dropout && i % 2 == 0) keep_bits_fp32(dm, row, col, lay.threads_per_row % 2 == 0, i, keep4);
       if (!valid(i)) {
         h[i].zero();
         continue;
@@ -280,13 +302,29 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
         if (plain) {  // h is x
           if constexpr (std::is_same_v<DR, DT>) h[i] = xf[i];
         } else {
+          // 16-bit rows test each element's draw where it is used (packed keep
+          // bits cost about 2 instructions an element); other rows use keep_bits.
+          constexpr int kBlock = DropoutMask::kBlock;
+          constexpr bool kDraws = VEC % kBlock == 0;
+          Philox4 draws[kDraws ? VEC / kBlock : 1];
           uint32_t keep = ~0u;
+          auto kept = [&](int k) -> bool {
+            if constexpr (kDraws) return dm.keep(draws[k / kBlock], k % kBlock);
+            else return (keep >> k) & 1u;
+          };
           if (dropout) {
-            keep = keep_bits<VEC>(dm, row, c);
+            if constexpr (kDraws) {
+#pragma unroll
+              for (int q = 0; q < VEC / kBlock; ++q) draws[q] = dm.draws(row, c + kBlock * q);
+            } else if constexpr (VEC == 4) {
+              keep = keep4[i];
+            } else {
+              keep = keep_bits<VEC>(dm, row, c);
+            }
             if (p.mask) {
               Vec<uint8_t, VEC> mv;
 #pragma unroll
-              for (int k = 0; k < VEC; ++k) mv.v[k] = uint8_t((keep >> k) & 1u);
+              for (int k = 0; k < VEC; ++k) mv.v[k] = uint8_t(kept(k));
               *reinterpret_cast<Vec<uint8_t, VEC>*>(p.mask + row * n + c) = mv;
             }
           }
@@ -294,7 +332,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             A v = xf[i].get(k);
-            if (dropout) v = (keep >> k) & 1u ? v * A(dm.scale) : A(0);
+            if (dropout) v = kept(k) ? v * A(dm.scale) : A(0);
             if (p.residual) v += A(rf[i].get(k));
             hv[k] = v;
           }
@@ -517,9 +555,21 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
         if (p.dx) {
           if (dropout) {
             const DropoutMask dm = device_mask(p.rng, n, p.dropout_p);  // rebuilt where used: no registers held
-            const uint32_t keep = keep_bits<VEC>(dm, row, c);
+            if constexpr (VEC % DropoutMask::kBlock == 0) {  // each element's draw tested where used
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) dh[k] = (keep >> k) & 1u ? dh[k] * A(dm.scale) : A(0);
+              for (int q = 0; q < VEC / DropoutMask::kBlock; ++q) {
+                const Philox4 d = dm.draws(row, c + DropoutMask::kBlock * q);
+#pragma unroll
+                for (int k = 0; k < DropoutMask::kBlock; ++k) {
+                  A& v = dh[DropoutMask::kBlock * q + k];
+                  v = dm.keep(d, k) ? v * A(dm.scale) : A(0);
+                }
+              }
+            } else {  // fp32: a draw an access (lane pairs, as in the forward, ran slower in the backward)
+              const uint32_t keep = keep_bits<VEC>(dm, row, c);
+#pragma unroll
+              for (int k = 0; k < VEC; ++k) dh[k] = (keep >> k) & 1u ? dh[k] * A(dm.scale) : A(0);
+            }
           }
           store_vec(static_cast<DT*>(p.dx) + row * n + c, dh);
         }
