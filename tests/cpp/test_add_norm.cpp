@@ -105,6 +105,29 @@ TEST(AddNormPlan, CoversEveryRowWithinLimits) {
           }
 }
 
+// Forward rows of one CTA that walk a persistent grid keep their team: a
+// cluster of one CTA of the same threads and accesses.  Short rows (several
+// a CTA) never walk.
+TEST(AddNormPlan, WalkingRowsAreClustersOfOne) {
+  using namespace fln::cuda::add_norm;
+  for (int elem : {2, 4})
+    for (int64_t cols : {2304, 4096, 7168, 8192, 12288, 16384}) {
+      if (cols * elem > 32768) continue;  // past 512 threads of 64 bytes: a cluster of CTAs
+      const Plan p = make_plan(cols, elem, true, false, 9);
+      SCOPED_TRACE(::testing::Message() << "elem " << elem << " cols " << cols);
+      ASSERT_TRUE(one_cta_row(p));
+      const Plan w = walking_plan(p);
+      EXPECT_EQ(w.strategy, Strategy::kCluster);
+      EXPECT_EQ(w.cluster, 1);
+      EXPECT_EQ(w.chunks, 1);
+      EXPECT_EQ(w.threads_per_row, p.threads_per_row);
+      EXPECT_EQ(w.cta_threads, p.cta_threads);
+      EXPECT_EQ(w.accesses, p.accesses);
+    }
+  EXPECT_FALSE(one_cta_row(make_plan(1024, 2, true, false, 9)));
+  EXPECT_FALSE(one_cta_row(make_plan(65536, 2, true, false, 9)));
+}
+
 // The CPU kernels against double-precision arithmetic, with residual,
 // dropout, weight offset and the gradient flowing into h.
 TEST(AddNormCpu, ForwardBackwardMatchDouble) {

@@ -7,7 +7,8 @@
 //   kCluster     the same team in each CTA of a thread-block cluster (sm_90),
 //                the row's statistics pushed into each CTA's shared memory; a
 //                persistent grid, each cluster walking rows (the forward with
-//                the next row's inputs in flight);
+//                the next row's inputs in flight; forward rows of one CTA
+//                that fit few CTAs an SM walk as clusters of one, plan.h);
 //   kSplitStats  rows too long for a cluster: `chunks` CTAs each reduce a
 //   kSplitApply  slice of the row into a workspace, then each re-reads its
 //                slice and finishes it (inputs read twice).

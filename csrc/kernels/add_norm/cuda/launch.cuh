@@ -49,6 +49,12 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     // Rows of one CTA or one cluster take the kernel without dropout code
     // where p == 0; split rows (long, rare) keep one kernel for both.
     const bool drop = p.dropout_p > 0.0;
+    auto row_kernel = drop ? &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kRow, true>
+                           : &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kRow, false>;
+    if (one_cta_row(pl) && resident_groups(row_kernel, dev, pl.cta_threads, 1, 0) < kFwdMinRowCtas * dev.sm_count) {
+      pl = walking_plan(pl);
+      lay = Layout{pl.threads_per_row, 1, 1};
+    }
     if (pl.strategy == Strategy::kCluster) {
       auto k = drop ? &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster, true>
                     : &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster, false>;
@@ -78,9 +84,7 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     const int rows_per_cta = pl.cta_threads / pl.threads_per_row;
     int64_t groups = (p.rows + rows_per_cta - 1) / rows_per_cta;
     if (groups > INT32_MAX) groups = INT32_MAX;
-    auto k = drop ? &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kRow, true>
-                  : &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kRow, false>;
-    return launch(k, dim3(unsigned(groups)), pl.cta_threads, 0, 1, stream, p, lay, static_cast<A*>(nullptr));
+    return launch(row_kernel, dim3(unsigned(groups)), pl.cta_threads, 0, 1, stream, p, lay, static_cast<A*>(nullptr));
   });
 }
 
