@@ -381,6 +381,28 @@ def test_long_rows(kind, dtype, hidden, seed):
 
 
 @requires_cuda
+@pytest.mark.sanitize
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 12288), (torch.float16, 7168), (torch.float32, 7000)],
+                         ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_rows_walked_by_a_persistent_grid(kind, dtype, hidden, p, seed):
+    """Forward rows of one CTA that fit few CTAs an SM walk a persistent grid with the next
+    row in flight: with more rows than the grid holds (each CTA walks several, the last round
+    partial), y and h match float64 and every row is written (outputs poisoned)."""
+    x, r, w, b, dy, dh = _inputs((1001, hidden), dtype, "cuda", seed, kind=kind)
+    poison_cuda_cache(*(2 * [x.numel() * x.element_size()]))
+    torch.manual_seed(seed)
+    kw = {"return_dropout_mask": True} if p else {}
+    out = _run(kind, x, r, w, b, 1e-5, dropout_p=p, weight_offset=0.25, return_residual=True, **kw)
+    y, h, mask = out if p else (*out, None)
+    _, he = reference(kind, x, r, w, b, 1e-5, mask=mask, p=p, offset=0.25)
+    ye, _ = reference(kind, x, r, w, b, 1e-5, mask=mask, p=p, offset=0.25, h_actual=h)
+    check(h, he, dtype, 1, scale=4.0, what="h")
+    check(y, ye, dtype, hidden, scale=4.0, what="y")
+
+
+@requires_cuda
 @pytest.mark.parametrize("kind", ["ln", "rms"])
 @pytest.mark.parametrize("dtype,hidden,h_dtype", [(torch.bfloat16, 8200, None), (torch.bfloat16, 12288, None),
                                                   (torch.bfloat16, 20000, None), (torch.float32, 5000, None),
