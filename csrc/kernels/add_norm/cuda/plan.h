@@ -90,9 +90,9 @@ inline Plan make_plan(int64_t cols, int elem_bytes, bool vec_ok, bool bwd, int c
 
 // Forward rows of one CTA take a CTA each, unless fewer than
 // kFwdMinRowCtas of those CTAs fit an SM: then too few rows' loads are in
-// flight while rows reduce (an H200 lost 10-30 points at 1-3 CTAs an SM), so
-// the rows walk a persistent grid that issues each next row's loads before
-// this row is reduced: the cluster strategy with clusters of one CTA.
+// flight while rows reduce, so the rows walk a persistent grid that issues
+// each next row's loads before this row is reduced: the cluster strategy
+// with clusters of one CTA (docs/design.md has the measurements).
 constexpr int kFwdMinRowCtas = 4;
 inline bool one_cta_row(const Plan& p) { return p.strategy == Strategy::kRow && p.threads_per_row == p.cta_threads; }
 inline Plan walking_plan(Plan p) {
