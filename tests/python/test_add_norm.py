@@ -381,16 +381,19 @@ def test_long_rows(kind, dtype, hidden, seed):
 
 
 @requires_cuda
-@pytest.mark.sanitize
 @pytest.mark.parametrize("kind", ["ln", "rms"])
-@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 12288), (torch.float16, 7168), (torch.float32, 7000)],
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 12288), (torch.float16, 7168), (torch.float32, 7000),
+                                          (torch.bfloat16, 32768)],
                          ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
 @pytest.mark.parametrize("p", [0.0, 0.1])
-def test_rows_walked_by_a_persistent_grid(kind, dtype, hidden, p, seed):
-    """Forward rows of one CTA that fit few CTAs an SM walk a persistent grid with the next
-    row in flight: with more rows than the grid holds (each CTA walks several, the last round
-    partial), y and h match float64 and every row is written (outputs poisoned)."""
-    x, r, w, b, dy, dh = _inputs((1001, hidden), dtype, "cuda", seed, kind=kind)
+@pytest.mark.parametrize("rows", [pytest.param(1001, marks=pytest.mark.sanitize), 5003])
+def test_rows_walked_by_a_persistent_grid(kind, dtype, hidden, p, rows, seed):
+    """Forward rows of one CTA that fit few CTAs an SM, and cluster rows (bf16 32768 on
+    sm_90), walk a persistent grid with the next row in flight: with more rows than the grid
+    holds (each group walks several, the last round partial; at 5003, past 16 rows a group on
+    up to 2 CTAs of 156 SMs, rows taken from a counter), y and h match float64 and every row
+    is written (outputs poisoned)."""
+    x, r, w, b, dy, dh = _inputs((rows, hidden), dtype, "cuda", seed, kind=kind)
     poison_cuda_cache(*(2 * [x.numel() * x.element_size()]))
     torch.manual_seed(seed)
     kw = {"return_dropout_mask": True} if p else {}
@@ -400,6 +403,17 @@ def test_rows_walked_by_a_persistent_grid(kind, dtype, hidden, p, seed):
     ye, _ = reference(kind, x, r, w, b, 1e-5, mask=mask, p=p, offset=0.25, h_actual=h)
     check(h, he, dtype, 1, scale=4.0, what="h")
     check(y, ye, dtype, hidden, scale=4.0, what="y")
+
+
+@requires_cuda
+@pytest.mark.sanitize
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_row_tickets_walked(kind, p, seed):
+    """The walked rows of test_rows_walked_by_a_persistent_grid past 16 rows a CTA (fp32 7000,
+    one CTA an SM: 2200 rows pass 16 x 132 SMs), where later rows come from a counter: small
+    enough for the sanitizers."""
+    test_rows_walked_by_a_persistent_grid(kind, torch.float32, 7000, p, 2200, seed)
 
 
 @requires_cuda

@@ -533,8 +533,9 @@ __device__ __forceinline__ void butterfly_merge(A (&v)[K], int active = LANES) {
 // buffer b.  Where csize > 1, call init() before the first reduce() and
 // finish() after the last.
 // kCluster false: a kernel never launched in clusters, compiled without the
-// cluster exchange (its code slowed LayerNorm's forward).
-template <typename A, int K, int NB = 2, bool kCluster = true, typename Op = SumOp>
+// cluster exchange (its code slowed LayerNorm's forward).  kCtaToken: tokens
+// are handed within a CTA too (below); off, that code is not compiled.
+template <typename A, int K, int NB = 2, bool kCluster = true, typename Op = SumOp, bool kCtaToken = false>
 struct RowReducer {
   ReduceSmem<A, K, NB>& s;
   int tpr, csize, row_in_cta;
@@ -558,9 +559,18 @@ struct RowReducer {
 
   // Also hands `token` from thread 0 of the cluster's CTA 0 to every thread
   // of the cluster, through tok (NB ints of each CTA's shared memory, the
-  // same in every CTA); clusters only, and every CTA passes tok or none does.
+  // same in every CTA); every CTA passes tok or none does.  With kCtaToken
+  // and no cluster, a team of whole warps (one row a CTA, tpr > 32; smaller
+  // teams must not pass tok) hands thread 0's through tok[parity] across the
+  // warps' barrier (a slot is rewritten two reductions later, after the
+  // barrier of the one in between).
   __device__ void reduce(A (&v)[K], int& token, int* tok) {
     const int parity = count & 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const bool cta_token = kCtaToken && tok && !(kCluster && csize > 1);
+#else
+    const bool cta_token = kCtaToken && tok;
+#endif
     // Teams of whole warps take every step: no per-step test (same bits).
     if (tpr >= 32) butterfly_merge<Op, 32>(v);
     else butterfly_merge<Op, 32>(v, tpr);
@@ -569,7 +579,9 @@ struct RowReducer {
       if (lane == 0)
 #pragma unroll
         for (int k = 0; k < K; ++k) s.warp[parity][warp][k] = v[k];
+      if (cta_token && threadIdx.x == 0) tok[parity] = token;
       __syncthreads();
+      if (cta_token) token = tok[parity];
       // Lane w of every warp loads warp w's partial (lanes 16-31 repeat
       // lanes 0-15), then a butterfly merges them: four shuffles, where a
       // loop over the warps' partials in every thread is up to 16 loads.

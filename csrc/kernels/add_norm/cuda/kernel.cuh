@@ -31,6 +31,7 @@ struct Layout {
   int threads_per_row = 1;  // of one CTA: a power of two up to 32, or whole warps (then one row a CTA)
   int cluster = 1;          // kCluster: CTAs of a cluster on a row
   int chunks = 1;           // kSplit*: CTAs on a row (gridDim.x)
+  unsigned* row_ticket = nullptr;  // kCluster forward: the counter later rows are taken from (zeroed), or none
 };
 
 // b / n for counts, 0 <= b <= n (fp32): the instructions of IEEE
@@ -76,8 +77,8 @@ struct ChanOp {
 // (common.cuh); kSplit* modes reduce their CTA's slice.
 // Its row_in_cta is 0: a team of whole warps, the only one that reduces
 // through shared memory, holds one row a CTA.
-template <typename A, int K, bool kCluster, typename Op = InterleavedSumOp>
-using Reducer = RowReducer<A, K, 2, kCluster, Op>;
+template <typename A, int K, bool kCluster, typename Op = InterleavedSumOp, bool kCtaToken = false>
+using Reducer = RowReducer<A, K, 2, kCluster, Op, kCtaToken>;
 
 // A thread's place on its rows.
 struct Place {
@@ -210,8 +211,9 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   constexpr bool kCl = M == Mode::kCluster;
   __shared__ ReduceSmem<A, K> sh;
   __shared__ ReduceSmem<A, 1> sh1;
-  Reducer<A, K, kCl, ChanOp> red{sh, lay.threads_per_row, lay.cluster, 0};
-  Reducer<A, 1, kCl> red1{sh1, lay.threads_per_row, lay.cluster, 0};
+  __shared__ int ticket_slots[2];
+  Reducer<A, K, kCl, ChanOp, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};  // kCl: tickets' tokens
+  Reducer<A, 1, kCl, InterleavedSumOp, kCl> red1{sh1, lay.threads_per_row, lay.cluster, 0};
   if (p.rms) red1.init();
   else red.init();
   const Place pl = place<M>(lay);
@@ -249,9 +251,30 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   };
   RowIn next;
   if constexpr (kCl) load_row(pl.first_row, next);
+  // Which rows a group (a CTA or cluster) takes: first_row, first_row +
+  // row_step, ...; with lay.row_ticket (kCluster: one row a group) its first
+  // three rows are those and each later one is 3 * row_step plus a ticket of
+  // the counter, so that fast groups take more rows (a static schedule ends
+  // with its slowest group).  Thread 0 of the group's first CTA takes a
+  // ticket at the top of every row; the row's reduction hands the one it
+  // took a row earlier to the group (RowReducer's token), so the atomic's
+  // latency hides behind a row; it names the row two ahead, whose loads the
+  // next row issues.  A group stops at its first row past the rows; the
+  // tickets it took after it are later, so past the rows too.
+  const bool tickets = kCl && lay.row_ticket != nullptr;  // uniform
+  const bool ticket_taker = tickets && pl.t == 0;
+  int fresh = 0;                                  // ticket_taker: this row's ticket
+  int token = int(pl.first_row - pl.row_step);    // a row old; at first, the third row less 3 * row_step
+  int64_t next_row = pl.first_row + pl.row_step;  // the row whose loads this row issues (kCluster)
+  auto advance = [&]() {
+    const int64_t r = next_row;
+    next_row = tickets ? 3 * pl.row_step + token : next_row + pl.row_step;
+    token = fresh;  // others' are replaced by the next reduction's
+    return r;
+  };
   // Loop while any row of this CTA (cluster) is live: trip counts stay
   // uniform, so every thread reaches every barrier.
-  for (int64_t row = pl.first_row;; row += pl.row_step) {
+  for (int64_t row = pl.first_row;; row = advance()) {
     const int64_t cta_first = row - pl.row_in_cta;
     if (cta_first >= p.rows) break;
     const bool live = row < p.rows;
@@ -271,7 +294,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
         xf[i] = next.x[i];
         rf[i] = next.r[i];
       }
-      load_row(row + pl.row_step, next);
+      load_row(next_row, next);
     } else {
       const DT* xr = x_row(row);
       const DR* rr = r_row(row);
@@ -342,7 +365,9 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
         if (hg) h[i].store(hg + c);
       }
     }
-    // Statistics.
+    // Statistics.  Their reduction hands the token on (tickets only).
+    if (ticket_taker) fresh = int(take_ticket(lay.row_ticket));
+    int* const slots = tickets ? ticket_slots : nullptr;
     A mean = A(0), rstd = A(0);
     const bool split_first = M == Mode::kSplitStats;
     if (p.rms) {
@@ -351,7 +376,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
       for (int i = 0; i < NV; ++i)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) s[0] += h[i].get(k) * h[i].get(k);
-      if constexpr (M != Mode::kSplitApply) red1.reduce(s);
+      if constexpr (M != Mode::kSplitApply) red1.reduce(s, token, slots);
       if constexpr (M == Mode::kSplitStats) {
         if (live && threadIdx.x == 0) work[(row * lay.chunks + pl.chunk) * K] = s[0];
       } else if constexpr (M == Mode::kSplitApply) {
@@ -381,7 +406,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
       s[0] = A(cnt);
       s[1] = m;
       s[2] = live ? m2 : A(0);
-      if constexpr (M != Mode::kSplitApply) red.reduce(s);
+      if constexpr (M != Mode::kSplitApply) red.reduce(s, token, slots);
       if constexpr (M == Mode::kSplitStats) {
         if (live && threadIdx.x == 0)
 #pragma unroll

@@ -61,6 +61,12 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
       const int64_t res = resident_groups(k, dev, pl.cta_threads, pl.cluster, 0);
       if (res > 0) {  // a persistent grid: one launch of clusters for many rows
         const int64_t groups = p.rows < res ? p.rows : res;
+        if (fwd_row_tickets(p.rows, groups)) {
+          lay.row_ticket = static_cast<unsigned*>(ws.alloc(ws.ctx, sizeof(unsigned)));
+          if (!lay.row_ticket) return cudaErrorMemoryAllocation;
+          const cudaError_t e = cudaMemsetAsync(lay.row_ticket, 0, sizeof(unsigned), stream);
+          if (e != cudaSuccess) return e;
+        }
         return launch(k, dim3(unsigned(groups * pl.cluster)), pl.cta_threads, 0, pl.cluster, stream, p, lay,
                       static_cast<A*>(nullptr));
       }

@@ -101,6 +101,14 @@ inline Plan walking_plan(Plan p) {
   return p;
 }
 
+// Forward groups of the cluster strategy (clusters, or walking CTAs) with at
+// least kTicketMinRows rows each take rows past their first three from a
+// counter (kernel.cuh): zeroing it costs a memset, about a microsecond.
+constexpr int64_t kTicketMinRows = 16;
+inline bool fwd_row_tickets(int64_t rows, int64_t groups) {
+  return rows >= kTicketMinRows * groups && rows < INT32_MAX;
+}
+
 // The split strategy for a row whose cluster cannot be scheduled.
 inline Plan split_plan(Plan p) {
   p.strategy = Strategy::kSplit;
