@@ -256,11 +256,10 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   // three rows are those and each later one is 3 * row_step plus a ticket of
   // the counter, so that fast groups take more rows (a static schedule ends
   // with its slowest group).  Thread 0 of the group's first CTA takes a
-  // ticket at the top of every row, once the next row's loads are issued: its
-  // result is first needed at the row's end, so the row's loads hide the
-  // atomic's latency.  The next row's reduction hands it to the group
-  // (RowReducer's token); it names the row two ahead, whose loads the row
-  // after issues.  A group stops at its first row past the rows; the
+  // ticket at the top of every row; the row's reduction hands the one it
+  // took a row earlier to the group (RowReducer's token), so the atomic's
+  // latency hides behind a row; it names the row two ahead, whose loads the
+  // next row issues.  A group stops at its first row past the rows; the
   // tickets it took after it are later, so past the rows too.
   const bool tickets = kCl && lay.row_ticket != nullptr;  // uniform
   const bool ticket_taker = tickets && pl.t == 0;
@@ -296,7 +295,6 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
         rf[i] = next.r[i];
       }
       load_row(next_row, next);
-      if (ticket_taker) fresh = int(take_ticket(lay.row_ticket));
     } else {
       const DT* xr = x_row(row);
       const DR* rr = r_row(row);
@@ -368,6 +366,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
       }
     }
     // Statistics.  Their reduction hands the token on (tickets only).
+    if (ticket_taker) fresh = int(take_ticket(lay.row_ticket));
     int* const slots = tickets ? ticket_slots : nullptr;
     A mean = A(0), rstd = A(0);
     const bool split_first = M == Mode::kSplitStats;
