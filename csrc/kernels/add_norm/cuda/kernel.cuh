@@ -125,6 +125,13 @@ __device__ __forceinline__ Place place(const Layout& lay) {
   return pl;
 }
 
+// The keep bits of the four elements of half a block, held by its two words
+// (16 bits of a draw an element).
+__device__ __forceinline__ uint32_t half_block_bits(const DropoutMask& dm, uint32_t w0, uint32_t w1) {
+  return uint32_t((w0 & 0xFFFFu) < dm.threshold) | uint32_t((w0 >> 16) < dm.threshold) << 1 |
+         uint32_t((w1 & 0xFFFFu) < dm.threshold) << 2 | uint32_t((w1 >> 16) < dm.threshold) << 3;
+}
+
 // The dropout keep bits of one access of VEC <= 4 elements at (row, col), col
 // a multiple of VEC: the access lies in one half of a block, two words.
 template <int VEC>
@@ -133,7 +140,8 @@ __device__ __forceinline__ uint32_t keep_bits(const DropoutMask& dm, int64_t row
   const Philox4 d = dm.draws(row, col);
   const bool upper = col & 4;
   const uint32_t words[2] = {upper ? d.v[2] : d.v[0], upper ? d.v[3] : d.v[1]};
-  const int first = VEC == 4 ? 0 : int(col & 3);  // static for VEC 4: no indexing by a register
+  if constexpr (VEC == 4) return half_block_bits(dm, words[0], words[1]);
+  const int first = int(col & 3);
   uint32_t bits = 0;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
@@ -154,10 +162,7 @@ template <int NV, typename Col>
 __device__ __forceinline__ void keep_bits_fp32(const DropoutMask& dm, int64_t row, Col col, bool paired, int i,
                                                uint32_t (&keep)[NV]) {
   if (i + 1 < NV && paired) {
-    auto bits = [&](uint32_t w0, uint32_t w1) {
-      return uint32_t((w0 & 0xFFFFu) < dm.threshold) | uint32_t((w0 >> 16) < dm.threshold) << 1 |
-             uint32_t((w1 & 0xFFFFu) < dm.threshold) << 2 | uint32_t((w1 >> 16) < dm.threshold) << 3;
-    };
+    auto bits = [&](uint32_t w0, uint32_t w1) { return half_block_bits(dm, w0, w1); };
     const bool odd = threadIdx.x & 1;
     const Philox4 d = dm.draws(row, col(odd ? i + 1 : i));
     const uint32_t own0 = odd ? d.v[2] : d.v[0], own1 = odd ? d.v[3] : d.v[1];
