@@ -470,7 +470,8 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
 // workspace ([rows][chunks][2]), the second finishes the row.
 // ---------------------------------------------------------------------------
 template <typename T, typename W, typename R, int VEC, int NV, Mode M>
-__global__ void FLN_MAX_REGS(bwd_registers(sizeof(T), NV * VEC))
+__global__ void FLN_MAX_REGS(bwd_registers(sizeof(T), NV * VEC,
+                                           bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC, M == Mode::kCluster)))
 add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>* part_b, dacc_t<T>* work) {
   using A = dacc_t<T>;
   using DT = device_t<T>;
@@ -478,8 +479,11 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
   using DR = device_t<R>;
   extern __shared__ __align__(16) unsigned char merge_smem[];
   constexpr bool kCl = M == Mode::kCluster;
-  __shared__ ReduceSmem<A, 2> sh;
-  Reducer<A, 2, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};
+  // Rows in pairs with one reduction of four sums (plan.h), or one at a time.
+  constexpr bool kPair = bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC, kCl);
+  constexpr int kAhead = kPair ? 2 : 1, kSums = 2 * kAhead;
+  __shared__ ReduceSmem<A, kSums> sh;
+  Reducer<A, kSums, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};
   red.init();
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
@@ -501,13 +505,14 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
 #pragma unroll
     for (int k = 0; k < VEC; ++k) pw[i][k] = pb[i][k] = A(0);
   const A inv_n = A(1) / A(n);
-  // One row's inputs.  The next row's are loaded before this row is reduced
-  // and written, so its DRAM latency overlaps the reduction and the stores.
+  // One row's inputs, loaded kAhead rows ahead of it, so that their DRAM
+  // latency overlaps the reductions and stores of the rows before.
   struct RowIn {
     Frag<DR, VEC> h[NV];
     Frag<DT, VEC> dy[NV];
     A mean, rstd;
   };
+  const bool want_dh = p.dh && M != Mode::kSplitStats;
   auto load_row = [&](int64_t row, RowIn& in) {
     const bool live = row < p.rows;
 #pragma unroll
@@ -523,29 +528,18 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
     in.mean = live && !p.rms ? static_cast<const A*>(p.mean)[row] : A(0);
     in.rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
   };
-  RowIn next;
-  load_row(pl.first_row, next);
-  for (int64_t row = pl.first_row;; row += pl.row_step) {
-    const int64_t cta_first = row - pl.row_in_cta;
-    if (cta_first >= p.rows) break;
-    const bool live = row < p.rows;
-    const RowIn cur = next;
-    load_row(row + pl.row_step, next);
-    const auto& hf = cur.h;
-    const auto& dyf = cur.dy;
-    const A mean = cur.mean, rstd = cur.rstd;
-    Frag<DR, VEC> dhf[NV];
-    if (p.dh && M != Mode::kSplitStats)
+  RowIn ahead[kAhead];
 #pragma unroll
-      for (int i = 0; i < NV; ++i)
-        if (live && col(i) < n) dhf[i].load(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
-    // sum(g * xhat), sum(g), g = dy * (w + offset)
-    A s[2] = {A(0), A(0)};
+  for (int a = 0; a < kAhead; ++a) load_row(pl.first_row + a * pl.row_step, ahead[a]);
+  // sum(g * xhat), sum(g), g = dy * (w + offset), into s[0], s[1]; and the
+  // row's dweight / dbias partials.
+  auto row_sums = [&](const RowIn& cur, A* s) {
 #pragma unroll
     for (int i = 0; i < NV; ++i)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A xh = (A(hf[i].get(k)) - mean) * rstd, d = A(dyf[i].get(k)), g = d * (A(w[i].get(k)) + woff);
+        const A xh = (A(cur.h[i].get(k)) - cur.mean) * cur.rstd, d = A(cur.dy[i].get(k)),
+                g = d * (A(w[i].get(k)) + woff);
         s[0] += g * xh;
         s[1] += g;
         if constexpr (kPartials) {
@@ -553,13 +547,70 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
           pb[i][k] += d;
         }
       }
+  };
+  // dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dh_in (RMSNorm: no
+  // mean(g)), stored as dresidual and, dropped out, as dx.
+  auto row_out = [&](int64_t row, const RowIn& cur, const Frag<DR, VEC> (&dhf)[NV], A sum_gx, A sum_g) {
+    const A mean = cur.mean, rstd = cur.rstd;
+    const A c_gx = sum_gx * inv_n, c_g = p.rms ? A(0) : sum_g * inv_n;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = col(i);
+      if (c >= n) continue;
+      A dh[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A xh = (A(cur.h[i].get(k)) - mean) * rstd, g = A(cur.dy[i].get(k)) * (A(w[i].get(k)) + woff);
+        dh[k] = rstd * (g - c_g - xh * c_gx);
+        if (p.dh) dh[k] += A(dhf[i].get(k));
+      }
+      if (p.dresidual) store_vec(static_cast<DR*>(p.dresidual) + row * n + c, dh);
+      if (p.dx) {
+        if (dropout) {
+          const DropoutMask dm = device_mask(p.rng, n, p.dropout_p);  // rebuilt where used: no registers held
+          if constexpr (VEC % DropoutMask::kBlock == 0) {  // each element's draw tested where used
+#pragma unroll
+            for (int q = 0; q < VEC / DropoutMask::kBlock; ++q) {
+              const Philox4 d = dm.draws(row, c + DropoutMask::kBlock * q);
+#pragma unroll
+              for (int k = 0; k < DropoutMask::kBlock; ++k) {
+                A& v = dh[DropoutMask::kBlock * q + k];
+                v = dm.keep(d, k) ? v * A(dm.scale) : A(0);
+              }
+            }
+          } else {  // fp32: a draw an access (lane pairs, as in the forward, ran slower in the backward)
+            const uint32_t keep = keep_bits<VEC>(dm, row, c);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) dh[k] = (keep >> k) & 1u ? dh[k] * A(dm.scale) : A(0);
+          }
+        }
+        store_vec(static_cast<DT*>(p.dx) + row * n + c, dh);
+      }
+    }
+  };
+  // One row; false once past the CTA's (cluster's) rows (uniform, so every
+  // thread reaches every barrier).
+  auto one_row = [&](int64_t row, RowIn& buf) -> bool {
+    const int64_t cta_first = row - pl.row_in_cta;
+    if (cta_first >= p.rows) return false;
+    const bool live = row < p.rows;
+    const RowIn cur = buf;
+    load_row(row + pl.row_step, buf);
+    Frag<DR, VEC> dhf[NV];  // loaded here: its latency overlaps the reduction
+    if (want_dh) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+        if (live && col(i) < n) dhf[i].load(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
+    }
+    A s[kSums] = {};
+    row_sums(cur, s);
     if constexpr (M != Mode::kSplitApply) red.reduce(s);
     if constexpr (M == Mode::kSplitStats) {
       if (live && threadIdx.x == 0) {
         work[(row * lay.chunks + pl.chunk) * 2] = s[0];
         work[(row * lay.chunks + pl.chunk) * 2 + 1] = s[1];
       }
-      continue;
+      return true;
     } else {
       if constexpr (M == Mode::kSplitApply) {
         s[0] = s[1] = A(0);
@@ -568,43 +619,42 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
           s[1] += work[(row * lay.chunks + c) * 2 + 1];
         }
       }
-      if (!live) continue;
-      // dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dh_in (RMSNorm: no mean(g))
-      const A c_gx = s[0] * inv_n, c_g = p.rms ? A(0) : s[1] * inv_n;
+      if (live) row_out(row, cur, dhf, s[0], s[1]);
+      return true;
+    }
+  };
+  // Two rows (row and row + row_step), one reduction; their buffers are
+  // refilled two rows ahead before it.
+  auto row_pair = [&](int64_t row) -> bool {
+    if (row - pl.row_in_cta >= p.rows) return false;
+    if constexpr (kPair) {
+      const RowIn c0 = ahead[0], c1 = ahead[1];
+      load_row(row + 2 * pl.row_step, ahead[0]);
+      load_row(row + 3 * pl.row_step, ahead[1]);
+      A s[kSums] = {};
+      row_sums(c0, s);
+      row_sums(c1, s + 2);
+      Frag<DR, VEC> dh0[NV], dh1[NV];  // loaded before the reduction, which their latency overlaps
+      if (want_dh) {
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int64_t c = col(i);
-        if (c >= n) continue;
-        A dh[VEC];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const A xh = (A(hf[i].get(k)) - mean) * rstd, g = A(dyf[i].get(k)) * (A(w[i].get(k)) + woff);
-          dh[k] = rstd * (g - c_g - xh * c_gx);
-          if (p.dh) dh[k] += A(dhf[i].get(k));
-        }
-        if (p.dresidual) store_vec(static_cast<DR*>(p.dresidual) + row * n + c, dh);
-        if (p.dx) {
-          if (dropout) {
-            const DropoutMask dm = device_mask(p.rng, n, p.dropout_p);  // rebuilt where used: no registers held
-            if constexpr (VEC % DropoutMask::kBlock == 0) {  // each element's draw tested where used
-#pragma unroll
-              for (int q = 0; q < VEC / DropoutMask::kBlock; ++q) {
-                const Philox4 d = dm.draws(row, c + DropoutMask::kBlock * q);
-#pragma unroll
-                for (int k = 0; k < DropoutMask::kBlock; ++k) {
-                  A& v = dh[DropoutMask::kBlock * q + k];
-                  v = dm.keep(d, k) ? v * A(dm.scale) : A(0);
-                }
-              }
-            } else {  // fp32: a draw an access (lane pairs, as in the forward, ran slower in the backward)
-              const uint32_t keep = keep_bits<VEC>(dm, row, c);
-#pragma unroll
-              for (int k = 0; k < VEC; ++k) dh[k] = (keep >> k) & 1u ? dh[k] * A(dm.scale) : A(0);
-            }
+        for (int i = 0; i < NV; ++i)
+          if (col(i) < n) {
+            if (row < p.rows) dh0[i].load(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
+            if (row + pl.row_step < p.rows)
+              dh1[i].load(static_cast<const DR*>(p.dh) + (row + pl.row_step) * p.dh_stride + col(i));
           }
-          store_vec(static_cast<DT*>(p.dx) + row * n + c, dh);
-        }
       }
+      red.reduce(s);
+      if (row < p.rows) row_out(row, c0, dh0, s[0], s[1]);
+      if (row + pl.row_step < p.rows) row_out(row + pl.row_step, c1, dh1, s[2], s[3]);
+    }
+    return true;
+  };
+  for (int64_t row = pl.first_row;; row += kAhead * pl.row_step) {
+    if constexpr (kPair) {
+      if (!row_pair(row)) break;
+    } else {
+      if (!one_row(row, ahead[0])) break;
     }
   }
   red.finish();

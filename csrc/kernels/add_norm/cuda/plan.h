@@ -35,7 +35,16 @@ constexpr int kFwdRegs = 96;
 constexpr int kFwdClusterRegs = 128;
 constexpr int kBwdThreadElems = 8;
 constexpr int kBwdLongRowBytes = 32;
-constexpr int bwd_registers(int elem_bytes, int elems) { return elem_bytes * elems <= 16 ? 96 : 128; }
+// Backward cluster rows whose threads hold 16 bytes each of h and dy (16-bit,
+// 8 elements) go in pairs: one reduction of four sums, so one barrier and one
+// cluster push, serves two rows, whose loads are in flight two rows ahead.  At
+// 8 elements a thread those per-row costs, not the bytes, set the rate.  The
+// two rows' buffers take 128 registers (112 spilled 68 bytes); rows of one CTA
+// keep one row at 96, where 128 would halve the CTAs of 288 threads an SM.
+constexpr bool bwd_row_pairs(int x_bytes, int h_bytes, int elems, int vec, bool cluster) {
+  return cluster && vec > 1 && (x_bytes + h_bytes) * elems <= 32;
+}
+constexpr int bwd_registers(int x_bytes, int elems, bool pairs) { return pairs || x_bytes * elems > 16 ? 128 : 96; }
 constexpr int kMaxAccesses = 8;
 // Short rows share a CTA of this many threads, a team of lanes each; longer
 // rows take a CTA of whole warps, up to kPlanMaxThreads.
