@@ -408,6 +408,35 @@ def test_rows_walked_by_a_persistent_grid(kind, dtype, hidden, p, rows, seed):
 @requires_cuda
 @pytest.mark.sanitize
 @pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 8192), (torch.float16, 12296)],
+                         ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
+@pytest.mark.parametrize("p", [0.0, 0.1])
+@pytest.mark.parametrize("rows", [777, 3])
+def test_backward_cluster_rows_in_pairs(kind, dtype, hidden, p, rows, seed):
+    """16-bit backward rows held by a cluster go two a reduction: an odd number of rows, each
+    cluster walking several (777; the last pair of some clusters half past the end) or at most
+    one (3), with dh in: dx, dresidual and the weight gradients against float64."""
+    x, r, w, b, dy, dh = _inputs((rows, hidden), dtype, "cuda", seed, kind=kind)
+    xl, rl, wl, bl = _leaves(x, r, w, b)
+    torch.manual_seed(seed)
+    kw = {"return_dropout_mask": True} if p else {}
+    out = _run(kind, xl, rl, wl, bl, 1e-5, dropout_p=p, weight_offset=0.25, return_residual=True, **kw)
+    y, h, mask = out if p else (*out, None)
+    poison_cuda_cache(*(2 * [x.numel() * x.element_size()]))
+    torch.autograd.backward([y, h], [dy, dh])
+    xr, rr, wr, br = _leaves(x, r, w, b)
+    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=p, offset=0.25, h_actual=h)
+    torch.autograd.backward([ye, he], [dy.double(), dh.double()])
+    check(xl.grad, xr.grad, dtype, hidden, scale=64.0, what="dx")
+    check(rl.grad, rr.grad, dtype, hidden, scale=64.0, what="dresidual")
+    check(wl.grad, wr.grad, dtype, rows, scale=64.0, what="dweight")
+    if bl is not None:
+        check(bl.grad, br.grad, dtype, rows, scale=64.0, what="dbias")
+
+
+@requires_cuda
+@pytest.mark.sanitize
+@pytest.mark.parametrize("kind", ["ln", "rms"])
 @pytest.mark.parametrize("p", [0.0, 0.1])
 def test_row_tickets_walked(kind, p, seed):
     """The walked rows of test_rows_walked_by_a_persistent_grid past 16 rows a CTA (fp32 7000,
