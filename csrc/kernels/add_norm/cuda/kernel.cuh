@@ -481,7 +481,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
   constexpr bool kCl = M == Mode::kCluster;
   // Rows in pairs with one reduction of four sums (plan.h), or one at a time.
   constexpr bool kPair = bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC, kCl);
-  constexpr int kAhead = kPair ? 2 : 1, kSums = 2 * kAhead;
+  constexpr int kSums = kPair ? 4 : 2;
   __shared__ ReduceSmem<A, kSums> sh;
   Reducer<A, kSums, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};
   red.init();
@@ -505,7 +505,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
 #pragma unroll
     for (int k = 0; k < VEC; ++k) pw[i][k] = pb[i][k] = A(0);
   const A inv_n = A(1) / A(n);
-  // One row's inputs, loaded kAhead rows ahead of it, so that their DRAM
+  // One row's inputs, loaded a row (a pair) ahead of it, so that their DRAM
   // latency overlaps the reductions and stores of the rows before.
   struct RowIn {
     Frag<DR, VEC> h[NV];
@@ -528,11 +528,8 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
     in.mean = live && !p.rms ? static_cast<const A*>(p.mean)[row] : A(0);
     in.rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
   };
-  RowIn ahead[kAhead];
-#pragma unroll
-  for (int a = 0; a < kAhead; ++a) load_row(pl.first_row + a * pl.row_step, ahead[a]);
-  // sum(g * xhat), sum(g), g = dy * (w + offset), into s[0], s[1]; and the
-  // row's dweight / dbias partials.
+  // Rows in pairs.  sum(g * xhat), sum(g), g = dy * (w + offset), into s[0],
+  // s[1]; and the row's dweight / dbias partials.
   auto row_sums = [&](const RowIn& cur, A* s) {
 #pragma unroll
     for (int i = 0; i < NV; ++i)
@@ -588,73 +585,123 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
       }
     }
   };
-  // One row; false once past the CTA's (cluster's) rows (uniform, so every
-  // thread reaches every barrier).
-  auto one_row = [&](int64_t row, RowIn& buf) -> bool {
-    const int64_t cta_first = row - pl.row_in_cta;
-    if (cta_first >= p.rows) return false;
-    const bool live = row < p.rows;
-    const RowIn cur = buf;
-    load_row(row + pl.row_step, buf);
-    Frag<DR, VEC> dhf[NV];  // loaded here: its latency overlaps the reduction
+  // Two rows (row and row + row_step), one reduction; their buffers are
+  // refilled two rows ahead before it.
+  auto row_pair = [&](int64_t row, RowIn (&ahead)[2]) -> bool {
+    if (row - pl.row_in_cta >= p.rows) return false;
+    const RowIn c0 = ahead[0], c1 = ahead[1];
+    load_row(row + 2 * pl.row_step, ahead[0]);
+    load_row(row + 3 * pl.row_step, ahead[1]);
+    A s[kSums] = {};
+    row_sums(c0, s);
+    row_sums(c1, s + 2);
+    Frag<DR, VEC> dh0[NV], dh1[NV];  // loaded before the reduction, which their latency overlaps
     if (want_dh) {
 #pragma unroll
       for (int i = 0; i < NV; ++i)
-        if (live && col(i) < n) dhf[i].load(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
-    }
-    A s[kSums] = {};
-    row_sums(cur, s);
-    if constexpr (M != Mode::kSplitApply) red.reduce(s);
-    if constexpr (M == Mode::kSplitStats) {
-      if (live && threadIdx.x == 0) {
-        work[(row * lay.chunks + pl.chunk) * 2] = s[0];
-        work[(row * lay.chunks + pl.chunk) * 2 + 1] = s[1];
-      }
-      return true;
-    } else {
-      if constexpr (M == Mode::kSplitApply) {
-        s[0] = s[1] = A(0);
-        for (int c = 0; c < lay.chunks && live; ++c) {
-          s[0] += work[(row * lay.chunks + c) * 2];
-          s[1] += work[(row * lay.chunks + c) * 2 + 1];
+        if (col(i) < n) {
+          if (row < p.rows) dh0[i].load(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
+          if (row + pl.row_step < p.rows)
+            dh1[i].load(static_cast<const DR*>(p.dh) + (row + pl.row_step) * p.dh_stride + col(i));
         }
-      }
-      if (live) row_out(row, cur, dhf, s[0], s[1]);
-      return true;
     }
-  };
-  // Two rows (row and row + row_step), one reduction; their buffers are
-  // refilled two rows ahead before it.
-  auto row_pair = [&](int64_t row) -> bool {
-    if (row - pl.row_in_cta >= p.rows) return false;
-    if constexpr (kPair) {
-      const RowIn c0 = ahead[0], c1 = ahead[1];
-      load_row(row + 2 * pl.row_step, ahead[0]);
-      load_row(row + 3 * pl.row_step, ahead[1]);
-      A s[kSums] = {};
-      row_sums(c0, s);
-      row_sums(c1, s + 2);
-      Frag<DR, VEC> dh0[NV], dh1[NV];  // loaded before the reduction, which their latency overlaps
-      if (want_dh) {
-#pragma unroll
-        for (int i = 0; i < NV; ++i)
-          if (col(i) < n) {
-            if (row < p.rows) dh0[i].load(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
-            if (row + pl.row_step < p.rows)
-              dh1[i].load(static_cast<const DR*>(p.dh) + (row + pl.row_step) * p.dh_stride + col(i));
-          }
-      }
-      red.reduce(s);
-      if (row < p.rows) row_out(row, c0, dh0, s[0], s[1]);
-      if (row + pl.row_step < p.rows) row_out(row + pl.row_step, c1, dh1, s[2], s[3]);
-    }
+    red.reduce(s);
+    if (row < p.rows) row_out(row, c0, dh0, s[0], s[1]);
+    if (row + pl.row_step < p.rows) row_out(row + pl.row_step, c1, dh1, s[2], s[3]);
     return true;
   };
-  for (int64_t row = pl.first_row;; row += kAhead * pl.row_step) {
-    if constexpr (kPair) {
-      if (!row_pair(row)) break;
-    } else {
-      if (!one_row(row, ahead[0])) break;
+  // Rows one at a time keep their own loop: written through the lambdas above,
+  // their code changed and one-CTA rows ran slower (docs/design.md).
+  if constexpr (kPair) {
+    RowIn ahead[2];
+    load_row(pl.first_row, ahead[0]);
+    load_row(pl.first_row + pl.row_step, ahead[1]);
+    for (int64_t row = pl.first_row;; row += 2 * pl.row_step)
+      if (!row_pair(row, ahead)) break;
+  } else {
+    RowIn next;
+    load_row(pl.first_row, next);
+    for (int64_t row = pl.first_row;; row += pl.row_step) {
+      const int64_t cta_first = row - pl.row_in_cta;
+      if (cta_first >= p.rows) break;
+      const bool live = row < p.rows;
+      const RowIn cur = next;
+      load_row(row + pl.row_step, next);
+      const auto& hf = cur.h;
+      const auto& dyf = cur.dy;
+      const A mean = cur.mean, rstd = cur.rstd;
+      Frag<DR, VEC> dhf[NV];
+      if (p.dh && M != Mode::kSplitStats)
+  #pragma unroll
+        for (int i = 0; i < NV; ++i)
+          if (live && col(i) < n) dhf[i].load(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
+      // sum(g * xhat), sum(g), g = dy * (w + offset)
+      A s[2] = {A(0), A(0)};
+  #pragma unroll
+      for (int i = 0; i < NV; ++i)
+  #pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A xh = (A(hf[i].get(k)) - mean) * rstd, d = A(dyf[i].get(k)), g = d * (A(w[i].get(k)) + woff);
+          s[0] += g * xh;
+          s[1] += g;
+          if constexpr (kPartials) {
+            pw[i][k] += d * xh;
+            pb[i][k] += d;
+          }
+        }
+      if constexpr (M != Mode::kSplitApply) red.reduce(s);
+      if constexpr (M == Mode::kSplitStats) {
+        if (live && threadIdx.x == 0) {
+          work[(row * lay.chunks + pl.chunk) * 2] = s[0];
+          work[(row * lay.chunks + pl.chunk) * 2 + 1] = s[1];
+        }
+        continue;
+      } else {
+        if constexpr (M == Mode::kSplitApply) {
+          s[0] = s[1] = A(0);
+          for (int c = 0; c < lay.chunks && live; ++c) {
+            s[0] += work[(row * lay.chunks + c) * 2];
+            s[1] += work[(row * lay.chunks + c) * 2 + 1];
+          }
+        }
+        if (!live) continue;
+        // dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dh_in (RMSNorm: no mean(g))
+        const A c_gx = s[0] * inv_n, c_g = p.rms ? A(0) : s[1] * inv_n;
+  #pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int64_t c = col(i);
+          if (c >= n) continue;
+          A dh[VEC];
+  #pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const A xh = (A(hf[i].get(k)) - mean) * rstd, g = A(dyf[i].get(k)) * (A(w[i].get(k)) + woff);
+            dh[k] = rstd * (g - c_g - xh * c_gx);
+            if (p.dh) dh[k] += A(dhf[i].get(k));
+          }
+          if (p.dresidual) store_vec(static_cast<DR*>(p.dresidual) + row * n + c, dh);
+          if (p.dx) {
+            if (dropout) {
+              const DropoutMask dm = device_mask(p.rng, n, p.dropout_p);  // rebuilt where used: no registers held
+              if constexpr (VEC % DropoutMask::kBlock == 0) {  // each element's draw tested where used
+  #pragma unroll
+                for (int q = 0; q < VEC / DropoutMask::kBlock; ++q) {
+                  const Philox4 d = dm.draws(row, c + DropoutMask::kBlock * q);
+  #pragma unroll
+                  for (int k = 0; k < DropoutMask::kBlock; ++k) {
+                    A& v = dh[DropoutMask::kBlock * q + k];
+                    v = dm.keep(d, k) ? v * A(dm.scale) : A(0);
+                  }
+                }
+              } else {  // fp32: a draw an access (lane pairs, as in the forward, ran slower in the backward)
+                const uint32_t keep = keep_bits<VEC>(dm, row, c);
+  #pragma unroll
+                for (int k = 0; k < VEC; ++k) dh[k] = (keep >> k) & 1u ? dh[k] * A(dm.scale) : A(0);
+              }
+            }
+            store_vec(static_cast<DT*>(p.dx) + row * n + c, dh);
+          }
+        }
+      }
     }
   }
   red.finish();
