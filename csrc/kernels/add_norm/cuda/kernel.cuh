@@ -632,14 +632,14 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
       const A mean = cur.mean, rstd = cur.rstd;
       Frag<DR, VEC> dhf[NV];
       if (p.dh && M != Mode::kSplitStats)
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < NV; ++i)
           if (live && col(i) < n) dhf[i].load(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
       // sum(g * xhat), sum(g), g = dy * (w + offset)
       A s[2] = {A(0), A(0)};
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < NV; ++i)
-  #pragma unroll
+#pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const A xh = (A(hf[i].get(k)) - mean) * rstd, d = A(dyf[i].get(k)), g = d * (A(w[i].get(k)) + woff);
           s[0] += g * xh;
@@ -667,12 +667,12 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
         if (!live) continue;
         // dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dh_in (RMSNorm: no mean(g))
         const A c_gx = s[0] * inv_n, c_g = p.rms ? A(0) : s[1] * inv_n;
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < NV; ++i) {
           const int64_t c = col(i);
           if (c >= n) continue;
           A dh[VEC];
-  #pragma unroll
+#pragma unroll
           for (int k = 0; k < VEC; ++k) {
             const A xh = (A(hf[i].get(k)) - mean) * rstd, g = A(dyf[i].get(k)) * (A(w[i].get(k)) + woff);
             dh[k] = rstd * (g - c_g - xh * c_gx);
@@ -683,10 +683,10 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
             if (dropout) {
               const DropoutMask dm = device_mask(p.rng, n, p.dropout_p);  // rebuilt where used: no registers held
               if constexpr (VEC % DropoutMask::kBlock == 0) {  // each element's draw tested where used
-  #pragma unroll
+#pragma unroll
                 for (int q = 0; q < VEC / DropoutMask::kBlock; ++q) {
                   const Philox4 d = dm.draws(row, c + DropoutMask::kBlock * q);
-  #pragma unroll
+#pragma unroll
                   for (int k = 0; k < DropoutMask::kBlock; ++k) {
                     A& v = dh[DropoutMask::kBlock * q + k];
                     v = dm.keep(d, k) ? v * A(dm.scale) : A(0);
@@ -694,7 +694,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
                 }
               } else {  // fp32: a draw an access (lane pairs, as in the forward, ran slower in the backward)
                 const uint32_t keep = keep_bits<VEC>(dm, row, c);
-  #pragma unroll
+#pragma unroll
                 for (int k = 0; k < VEC; ++k) dh[k] = (keep >> k) & 1u ? dh[k] * A(dm.scale) : A(0);
               }
             }
