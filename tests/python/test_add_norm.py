@@ -408,14 +408,16 @@ def test_rows_walked_by_a_persistent_grid(kind, dtype, hidden, p, rows, seed):
 @requires_cuda
 @pytest.mark.sanitize
 @pytest.mark.parametrize("kind", ["ln", "rms"])
-@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 8192), (torch.float16, 12296)],
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 8192), (torch.float16, 12296), (torch.bfloat16, 5120)],
                          ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
 @pytest.mark.parametrize("p", [0.0, 0.1])
 @pytest.mark.parametrize("rows", [777, 3])
 def test_backward_cluster_rows_in_pairs(kind, dtype, hidden, p, rows, seed):
-    """16-bit backward rows held by a cluster go two a reduction: an odd number of rows, each
-    cluster walking several (777; the last pair of some clusters half past the end) or at most
-    one (3), with dh in: dx, dresidual and the weight gradients against float64."""
+    """16-bit backward rows held by a cluster go two a reduction where that keeps as many
+    clusters resident (8192, 12296), one at a time where not (5120: CTAs of 10 warps): an odd
+    number of rows, each cluster walking several (777; the last pair of some clusters half past
+    the end) or at most one (3), with dh in: dx, dresidual and the weight gradients against
+    float64."""
     x, r, w, b, dy, dh = _inputs((rows, hidden), dtype, "cuda", seed, kind=kind)
     xl, rl, wl, bl = _leaves(x, r, w, b)
     torch.manual_seed(seed)

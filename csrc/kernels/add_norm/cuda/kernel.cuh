@@ -469,9 +469,8 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
 // order.  Split modes: the first pass writes each chunk's two sums to the
 // workspace ([rows][chunks][2]), the second finishes the row.
 // ---------------------------------------------------------------------------
-template <typename T, typename W, typename R, int VEC, int NV, Mode M>
-__global__ void FLN_MAX_REGS(bwd_registers(sizeof(T), NV * VEC,
-                                           bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC, M == Mode::kCluster)))
+template <typename T, typename W, typename R, int VEC, int NV, Mode M, bool kPair = false>
+__global__ void FLN_MAX_REGS(bwd_registers(sizeof(T), NV * VEC, kPair))
 add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>* part_b, dacc_t<T>* work) {
   using A = dacc_t<T>;
   using DT = device_t<T>;
@@ -480,7 +479,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
   extern __shared__ __align__(16) unsigned char merge_smem[];
   constexpr bool kCl = M == Mode::kCluster;
   // Rows in pairs with one reduction of four sums (plan.h), or one at a time.
-  constexpr bool kPair = bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC, kCl);
+  static_assert(!kPair || (kCl && bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC)), "pairs: 16-byte cluster rows");
   constexpr int kSums = kPair ? 4 : 2;
   __shared__ ReduceSmem<A, kSums> sh;
   Reducer<A, kSums, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};

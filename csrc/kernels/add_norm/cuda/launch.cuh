@@ -127,7 +127,16 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
     };
     if (pl.strategy == Strategy::kCluster) {
       auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster>;
-      const int64_t res = resident_groups(k, dev, pl.cta_threads, pl.cluster, smem);
+      int64_t res = resident_groups(k, dev, pl.cta_threads, pl.cluster, smem);
+      // Rows in pairs (plan.h) where their registers keep as many clusters resident.
+      if constexpr (bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC)) {
+        auto paired = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster, true>;
+        const int64_t paired_res = resident_groups(paired, dev, pl.cta_threads, pl.cluster, smem);
+        if (paired_res > 0 && paired_res >= res) {
+          k = paired;
+          res = paired_res;
+        }
+      }
       if (res > 0) {
         const int64_t groups = p.rows < res ? p.rows : res;
         auto [pw, pb] = parts(groups);

@@ -39,10 +39,12 @@ constexpr int kBwdLongRowBytes = 32;
 // 8 elements) go in pairs: one reduction of four sums, so one barrier and one
 // cluster push, serves two rows, whose loads are in flight two rows ahead.  At
 // 8 elements a thread those per-row costs, not the bytes, set the rate.  The
-// two rows' buffers take 128 registers (112 spilled 68 bytes); rows of one CTA
-// keep one row at 96, where 128 would halve the CTAs of 288 threads an SM.
-constexpr bool bwd_row_pairs(int x_bytes, int h_bytes, int elems, int vec, bool cluster) {
-  return cluster && vec > 1 && (x_bytes + h_bytes) * elems <= 32;
+// two rows' buffers take 128 registers (112 spilled 68 bytes), so the launcher
+// pairs only where that keeps as many clusters resident as one row at 96 (CTAs
+// of 9-10 warps fit twice an SM at 96, once at 128); rows of one CTA keep one
+// row at 96.
+constexpr bool bwd_row_pairs(int x_bytes, int h_bytes, int elems, int vec) {
+  return vec > 1 && (x_bytes + h_bytes) * elems <= 32;
 }
 constexpr int bwd_registers(int x_bytes, int elems, bool pairs) { return pairs || x_bytes * elems > 16 ? 128 : 96; }
 constexpr int kMaxAccesses = 8;
