@@ -157,11 +157,11 @@ def bytes_moved(direction, rows, hidden, es, p, n_params):
 
 
 def rows_from_log(text):
-    """The cells of a run's printed log (lines '<op> <dtype> p=<p> <hidden>x<rows>: peer:dir=pct ...')."""
+    """The cells of a run's printed log (lines '[i/n t] <op> <dtype> p=<p> <hidden>x<rows>: peer:dir=pct ...')."""
     import re
     rows = []
     for line in text.splitlines():
-        m = re.match(r"(\w+) (\w+) p=([\d.]+) (\d+)x(\d+): (.*)", line.strip())
+        m = re.search(r"(\w+) (\w+) p=([\d.]+) (\d+)x(\d+): (.*)", line)
         if not m:
             continue
         op, dt, p, hidden, n_rows, cells = m.groups()

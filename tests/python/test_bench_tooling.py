@@ -71,11 +71,12 @@ def test_rounds_and_reps_must_be_positive(flag, capsys):
 
 
 def test_fused_log_parses_and_plots(tmp_path):
-    """bench.fused's saved log turns back into cells, and into a plot where matplotlib is installed."""
+    """bench.fused's saved log (its progress lines, with or without their '[i/n t]' prefix) turns
+    back into cells, and into a plot where matplotlib is installed."""
     from fused_layernorm.bench import fused
 
     log = ("fused pre-norm bench: GPU, git abc\n"
-           "layernorm bf16 p=0.0 1024x131072: ours:fwd=98.5 ours:bwd=95.4 flash:fwd=98.8 flash:bwd=WRONG\n"
+           "[1/2 4s] layernorm bf16 p=0.0 1024x131072: ours:fwd=98.5 ours:bwd=95.4 flash:fwd=98.8 flash:bwd=WRONG\n"
            "rmsnorm fp32 p=0.1 4096x32768: ours:fwd=99.0\n")
     rows = fused.rows_from_log(log)
     assert [(r["op"], r["peer"], r["direction"], r["pct_copy"]) for r in rows] == [
