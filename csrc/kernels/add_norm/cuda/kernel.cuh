@@ -205,7 +205,7 @@ __device__ __forceinline__ Frag<DR, VEC> to_frag(const A (&v)[VEC]) {
 // kDropout false: compiled for dropout_p == 0 only (the launch picks it
 // then), without the dropout code, whose registers and predicate tests the
 // compiler otherwise keeps on the p == 0 path too.
-template <typename T, typename W, typename R, int VEC, int NV, Mode M, bool kDropout>
+template <typename T, typename W, typename R, int VEC, int NV, Mode M, bool kDropout, bool kWhole = false>
 __global__ void FLN_MAX_REGS(M == Mode::kCluster ? kFwdClusterRegs : kFwdRegs)
 add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   using A = dacc_t<T>;
@@ -224,6 +224,8 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;
   auto col = [&](int i) { return int64_t(i * pl.row_threads + pl.t) * VEC; };
+  // kWhole: the row is exactly NV accesses of every thread, none past its end.
+  auto in_row = [&](int i) { return kWhole || col(i) < n; };
   const bool dropout = kDropout && p.dropout_p > 0.0;
   DropoutMask dm{};
   if (dropout) dm = device_mask(p.rng, n, p.dropout_p);
@@ -249,7 +251,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     const DR* rr = r_row(row);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      if (row >= p.rows || col(i) >= n) continue;
+      if (row >= p.rows || !in_row(i)) continue;
       load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(in.x[i], xr + col(i));
       if (rr) in.r[i].load(rr + col(i));
     }
@@ -291,7 +293,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     Frag<DR, VEC> h[NV];
     Frag<DT, VEC> xf[NV];
     Frag<DR, VEC> rf[NV];
-    auto valid = [&](int i) { return live && col(i) < n; };
+    auto valid = [&](int i) { return live && in_row(i); };
     DR* const hg = p.h ? static_cast<DR*>(p.h) + row * n : nullptr;
     if constexpr (kCl) {
 #pragma unroll
@@ -396,16 +398,16 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
       A sum = A(0);
 #pragma unroll
       for (int i = 0; i < NV; ++i)
-        if (col(i) < n)
+        if (in_row(i))
 #pragma unroll
           for (int k = 0; k < VEC; ++k) sum += A(h[i].get(k)) - shift;
 #pragma unroll
-      for (int i = 0; i < NV; ++i) cnt += live && col(i) < n ? VEC : 0;
+      for (int i = 0; i < NV; ++i) cnt += live && in_row(i) ? VEC : 0;
       const A m = cnt ? shift + sum / A(cnt) : A(0);
       A m2 = A(0);
 #pragma unroll
       for (int i = 0; i < NV; ++i)
-        if (col(i) < n)
+        if (in_row(i))
 #pragma unroll
           for (int k = 0; k < VEC; ++k) m2 += (A(h[i].get(k)) - m) * (A(h[i].get(k)) - m);
       s[0] = A(cnt);
@@ -443,7 +445,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = col(i);
-      if (c >= n) continue;
+      if (!in_row(i)) continue;
       Frag<DW, VEC> wf, bf;
       if (wg) wf.load(wg + c);
       if (bg) bf.load(bg + c);

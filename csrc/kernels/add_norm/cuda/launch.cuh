@@ -48,16 +48,23 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     Layout lay{pl.threads_per_row, pl.cluster, pl.chunks};
     // Rows of one CTA or one cluster take the kernel without dropout code
     // where p == 0; split rows (long, rare) keep one kernel for both.
+    // Rows of exactly NV accesses a thread take kernels without bounds tests.
     const bool drop = p.dropout_p > 0.0;
-    auto row_kernel = drop ? &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kRow, true>
-                           : &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kRow, false>;
+    const bool whole = int64_t(NV) * VEC * pl.threads_per_row * pl.cluster == p.cols;
+    auto kernel = [&](auto mode) {
+      constexpr Mode MM = decltype(mode)::value;
+      return drop ? (whole ? &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, true, true>
+                           : &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, true, false>)
+                  : (whole ? &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, false, true>
+                           : &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, false, false>);
+    };
+    auto row_kernel = kernel(std::integral_constant<Mode, Mode::kRow>{});
     if (one_cta_row(pl) && resident_groups(row_kernel, dev, pl.cta_threads, 1, 0) < kFwdMinRowCtas * dev.sm_count) {
       pl = walking_plan(pl);
       lay = Layout{pl.threads_per_row, 1, 1};
     }
     if (pl.strategy == Strategy::kCluster) {
-      auto k = drop ? &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster, true>
-                    : &add_norm_fwd_kernel<T, W, R, VEC, NV, Mode::kCluster, false>;
+      auto k = kernel(std::integral_constant<Mode, Mode::kCluster>{});
       const int64_t res = resident_groups(k, dev, pl.cta_threads, pl.cluster, 0);
       if (res > 0) {  // a persistent grid: one launch of clusters for many rows
         const int64_t groups = p.rows < res ? p.rows : res;
