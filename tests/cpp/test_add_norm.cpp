@@ -128,6 +128,31 @@ TEST(AddNormPlan, WalkingRowsAreClustersOfOne) {
   EXPECT_FALSE(one_cta_row(make_plan(65536, 2, true, false, 9)));
 }
 
+// Rows a cluster cannot hold keep their split's CTAs as a row group (one read
+// of the inputs): the same team and accesses, its chunks now the group.
+TEST(AddNormPlan, RowGroupsAreSplitRowsReadOnce) {
+  using namespace fln::cuda::add_norm;
+  int groups = 0;
+  for (int elem : {2, 4})
+    for (bool bwd : {false, true})
+      for (int cc : {8, 9})
+        for (int64_t cols : {5120, 131072, 262144, 300000, 1 << 21}) {
+          const Plan p = make_plan(cols, elem, true, bwd, cc);
+          if (p.strategy != Strategy::kSplit) continue;
+          SCOPED_TRACE(::testing::Message() << "elem " << elem << " bwd " << bwd << " cc " << cc << " cols " << cols);
+          const Plan g = group_plan(p);
+          ++groups;
+          EXPECT_EQ(g.strategy, Strategy::kGroup);
+          EXPECT_EQ(g.cluster, p.chunks);
+          EXPECT_EQ(g.chunks, 1);
+          EXPECT_EQ(g.threads_per_row, p.threads_per_row);
+          EXPECT_EQ(g.cta_threads, p.cta_threads);
+          EXPECT_EQ(g.accesses, p.accesses);
+          EXPECT_GE(int64_t(g.threads_per_row) * g.cluster * g.accesses * g.vec, cols);
+        }
+  EXPECT_GT(groups, 8);
+}
+
 // The CPU kernels against double-precision arithmetic, with residual,
 // dropout, weight offset and the gradient flowing into h.
 TEST(AddNormCpu, ForwardBackwardMatchDouble) {

@@ -362,9 +362,10 @@ def test_cuda_graph_replay_advances_the_mask():
 @pytest.mark.parametrize("kind", ["ln", "rms"])
 @pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 20000), (torch.bfloat16, 70000), (torch.float32, 36864),
                                           (torch.bfloat16, 300000), (torch.float32, 300000), (torch.bfloat16, 8200),
-                                          (torch.bfloat16, 65536), (torch.float32, 16384)])
+                                          (torch.bfloat16, 65536), (torch.float32, 16384), (torch.float32, 2100000)])
 def test_long_rows(kind, dtype, hidden, seed):
-    """Rows held by a cluster, and rows split over CTAs (inputs read twice), forward and backward."""
+    """Rows held by a cluster, by a group of resident CTAs (300000), and rows split over CTAs
+    whose group cannot be resident (2100000: inputs read twice), forward and backward."""
     x, r, w, b, dy, dh = _inputs((3, hidden), dtype, "cuda", seed, kind=kind)
     xl, rl, wl, bl = _leaves(x, r, w, b)
     torch.manual_seed(seed)
@@ -434,6 +435,70 @@ def test_backward_cluster_rows_in_pairs(kind, dtype, hidden, p, rows, seed):
     check(wl.grad, wr.grad, dtype, rows, scale=64.0, what="dweight")
     if bl is not None:
         check(bl.grad, br.grad, dtype, rows, scale=64.0, what="dbias")
+
+
+@requires_cuda
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype,hidden", [(torch.float32, 140000), (torch.bfloat16, 300000), (torch.float32, 262144)],
+                         ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_rows_walked_by_row_groups(kind, dtype, hidden, p, seed, rows=37):
+    """Rows past a cluster take groups of CTAs, all resident at once, that trade their
+    statistics through global memory: 37 rows over a few groups (18-64 CTAs each on 132
+    SMs), so each group walks several rows with the next in flight, the last round partial;
+    threads past the row's end (140000, 300000) and none (262144). y, h, dx, dresidual and
+    the weight gradients against float64, outputs poisoned."""
+    x, r, w, b, dy, dh = _inputs((rows, hidden), dtype, "cuda", seed, kind=kind)
+    xl, rl, wl, bl = _leaves(x, r, w, b)
+    poison_cuda_cache(*(2 * [x.numel() * x.element_size()]))
+    torch.manual_seed(seed)
+    kw = {"return_dropout_mask": True} if p else {}
+    out = _run(kind, xl, rl, wl, bl, 1e-5, dropout_p=p, weight_offset=0.25, return_residual=True, **kw)
+    y, h, mask = out if p else (*out, None)
+    poison_cuda_cache(*(2 * [x.numel() * x.element_size()]))
+    torch.autograd.backward([y, h], [dy, dh])
+    xr, rr, wr, br = _leaves(x, r, w, b)
+    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=p, offset=0.25, h_actual=h)
+    torch.autograd.backward([ye, he], [dy.double(), dh.double()])
+    _, he_own = reference(kind, x, r, w, b, 1e-5, mask=mask, p=p, offset=0.25)
+    check(h, he_own, dtype, 1, scale=4.0, what="h")
+    check(y, ye, dtype, hidden, scale=4.0, what="y")
+    check(xl.grad, xr.grad, dtype, hidden, scale=64.0, what="dx")
+    check(rl.grad, rr.grad, dtype, hidden, scale=64.0, what="dresidual")
+    check(wl.grad, wr.grad, dtype, rows, scale=64.0, what="dweight")
+    if bl is not None:
+        check(bl.grad, br.grad, dtype, rows, scale=64.0, what="dbias")
+
+
+@requires_cuda
+def test_row_groups_replay_in_a_cuda_graph(seed):
+    """A row-group launch (cooperative, its exchange slots zeroed by a memset on the stream)
+    captured in a CUDA graph gives, at each replay on new inputs, the eager call's bits."""
+    hidden = 140000
+    x, r, w, b, _, _ = _inputs((9, hidden), torch.float32, "cuda", seed)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fl.layer_norm(x, [hidden], w, b, residual=r, return_residual=True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y, h = fl.layer_norm(x, [hidden], w, b, residual=r, return_residual=True)
+    for k in range(2):
+        x.copy_(torch.randn_like(x))
+        r.copy_(torch.randn_like(r) * (k + 1))
+        g.replay()
+        ye, he = fl.layer_norm(x, [hidden], w, b, residual=r, return_residual=True)
+        assert torch.equal(y, ye) and torch.equal(h, he)
+
+
+@requires_cuda
+@pytest.mark.sanitize
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_row_groups_small(kind, seed):
+    """Row groups small enough for the sanitizers: fp32 140000, 9 rows (more than the
+    forward's 7 groups of 18 CTAs and the backward's 3 of 35 on 132 SMs), with dropout."""
+    test_rows_walked_by_row_groups(kind, torch.float32, 140000, 0.1, seed, rows=9)
 
 
 @requires_cuda

@@ -526,6 +526,35 @@ __device__ __forceinline__ void butterfly_merge(A (&v)[K], int active = LANES) {
   }
 }
 
+// Row groups: csize CTAs of a cooperatively launched grid (so all resident at
+// once) hold a row, as a cluster would, and trade their partials through
+// global memory: slots[group][buffer][rank][K] words of (tag << 32 | value
+// bits), tag = the reduction's index + 1, zeroed before the launch.  A word is
+// written and read as one single-copy-atomic access, so a reader that sees
+// the tag in every word has the values: one store to publish and a few loads
+// to collect, with no fence and no counter (NCCL's LL protocol).  A CTA
+// publishes reduction j only after seeing every CTA's reduction j - 1, which
+// each published after its loads of reduction j - 2 had returned, so two
+// buffers suffice.
+constexpr int kGroupBufs = 2;
+inline size_t group_slot_bytes(int64_t groups, int csize, int values) {
+  return size_t(groups) * kGroupBufs * csize * values * sizeof(unsigned long long);
+}
+
+__device__ __forceinline__ void st_relaxed_gpu(unsigned long long* p, unsigned long long v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+
+__device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsigned long long* p) {
+  unsigned long long v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+#endif
+  return v;
+}
+
 // Clusters (csize > 1) hold one row a CTA of more than 32 threads
 // (the plans), so every reduction passes a __syncthreads before its
 // push: a CTA pushes into buffer b again only after every CTA has pushed
@@ -535,11 +564,15 @@ __device__ __forceinline__ void butterfly_merge(A (&v)[K], int active = LANES) {
 // kCluster false: a kernel never launched in clusters, compiled without the
 // cluster exchange (its code slowed LayerNorm's forward).  kCtaToken: tokens
 // are handed within a CTA too (below); off, that code is not compiled.
-template <typename A, int K, int NB = 2, bool kCluster = true, typename Op = SumOp, bool kCtaToken = false>
+// kGroup: a kernel launched as row groups (above) exchanges through
+// group_slots instead; csize is then the group's CTAs.
+template <typename A, int K, int NB = 2, bool kCluster = true, typename Op = SumOp, bool kCtaToken = false,
+          bool kGroup = false>
 struct RowReducer {
   ReduceSmem<A, K, NB>& s;
   int tpr, csize, row_in_cta;
   uint32_t count = 0;  // reductions so far
+  unsigned long long* group_slots = nullptr;  // kGroup: every group's slots
 
   // Clusters: the mbarriers are set up before any CTA of the cluster pushes.
   __device__ void init() {
@@ -608,6 +641,10 @@ struct RowReducer {
       merge16(v, s.cta[b], src, csize);
     }
 #endif
+    if constexpr (kGroup) {
+      static_assert(sizeof(A) == 4 && NB >= 2, "32-bit values beside their tags; the result through s.cta[count % NB]");
+      if (csize > 1) group_exchange(v);
+    }
     ++count;
   }
 
@@ -619,6 +656,57 @@ struct RowReducer {
   }
 
  private:
+  // Row groups: warp 0 publishes this CTA's partials (every thread holds
+  // them), collects the group's in rank order (lane l: CTAs l, l + 32, ...,
+  // then a butterfly; every CTA merges the same values in the same order, so
+  // all get the same bits) and hands lane 0's result to the CTA.
+  __device__ void group_exchange(A (&v)[K]) {
+    const unsigned tag = count + 1;
+    const int64_t group = blockIdx.x / csize;
+    const int rank = int(blockIdx.x % csize);
+    unsigned long long* buf = group_slots + ((group * kGroupBufs + count % kGroupBufs) * csize) * K;
+    A(&out)[K] = s.cta[count % NB][0];
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+          st_relaxed_gpu(&buf[rank * K + k], (unsigned long long)tag << 32 | __float_as_uint(float(v[k])));
+      // Lane l merges CTAs l, l + 32, ... in turn, each 32 polled until all have landed.
+      A acc[K];
+      for (int first = 0; first < csize; first += 32) {
+        const int c = first + lane;
+        A part[K];
+        for (;;) {
+          bool seen = true;
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            part[k] = Op::template identity<A>(k);
+            if (c < csize) {
+              const unsigned long long w = ld_relaxed_gpu(&buf[c * K + k]);
+              seen = seen && unsigned(w >> 32) == tag;
+              part[k] = A(__uint_as_float(unsigned(w)));
+            }
+          }
+          if (__all_sync(0xffffffffu, seen)) break;
+        }
+        if (first == 0) {
+#pragma unroll
+          for (int k = 0; k < K; ++k) acc[k] = part[k];
+        } else {
+          Op::merge(acc, part);
+        }
+      }
+      butterfly_merge<Op, 32>(acc);
+      if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < K; ++k) out[k] = acc[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = out[k];
+  }
+
   // v = the merge over 16 lanes of parts[src] (the identity where src >=
   // count); sums take one value's butterfly after another.
   __device__ __forceinline__ static void merge16(A (&v)[K], const A (*parts)[K], int src, int count) {

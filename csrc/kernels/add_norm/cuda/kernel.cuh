@@ -9,9 +9,13 @@
 //                persistent grid, each cluster walking rows (the forward with
 //                the next row's inputs in flight; forward rows of one CTA
 //                that fit few CTAs an SM walk as clusters of one, plan.h);
-//   kSplitStats  rows too long for a cluster: `chunks` CTAs each reduce a
-//   kSplitApply  slice of the row into a workspace, then each re-reads its
-//                slice and finishes it (inputs read twice).
+//   kGroup       rows too long for a cluster: the same team in each CTA of a
+//                group of CTAs, all resident at once (a cooperative launch),
+//                the statistics traded through global memory (common.cuh);
+//                the same persistent walk as kCluster;
+//   kSplitStats  rows whose group cannot be resident: `chunks` CTAs each
+//   kSplitApply  reduce a slice of the row into a workspace, then each
+//                re-reads its slice and finishes it (inputs read twice).
 // A row's columns are spread over its threads in 16-byte accesses: access i
 // of thread t holds columns (i * row_threads + t) * VEC ... + VEC - 1, so a
 // warp's accesses are contiguous.
@@ -25,13 +29,17 @@
 
 namespace fln::cuda::add_norm {
 
-enum class Mode { kRow, kCluster, kSplitStats, kSplitApply };
+enum class Mode { kRow, kCluster, kGroup, kSplitStats, kSplitApply };
+
+// The modes whose grid is persistent, each group of CTAs walking rows.
+constexpr bool walks_rows(Mode m) { return m == Mode::kCluster || m == Mode::kGroup; }
 
 struct Layout {
   int threads_per_row = 1;  // of one CTA: a power of two up to 32, or whole warps (then one row a CTA)
-  int cluster = 1;          // kCluster: CTAs of a cluster on a row
+  int cluster = 1;          // kCluster, kGroup: CTAs on a row (a cluster, or a group)
   int chunks = 1;           // kSplit*: CTAs on a row (gridDim.x)
   unsigned* row_ticket = nullptr;  // kCluster forward: the counter later rows are taken from (zeroed), or none
+  unsigned long long* group_slots = nullptr;  // kGroup: the exchange slots (common.cuh), zeroed
 };
 
 // b / n for counts, 0 <= b <= n (fp32): the instructions of IEEE
@@ -73,12 +81,13 @@ struct ChanOp {
 };
 
 // Reduces over a row's threads: lanes, the CTA's warps, and (kCluster) the
-// cluster's CTAs, pushed with st.async onto an mbarrier in each CTA
-// (common.cuh); kSplit* modes reduce their CTA's slice.
+// cluster's CTAs, pushed with st.async onto an mbarrier in each CTA, or
+// (kGroup) the group's CTAs through global memory (common.cuh); kSplit*
+// modes reduce their CTA's slice.
 // Its row_in_cta is 0: a team of whole warps, the only one that reduces
 // through shared memory, holds one row a CTA.
-template <typename A, int K, bool kCluster, typename Op = InterleavedSumOp, bool kCtaToken = false>
-using Reducer = RowReducer<A, K, 2, kCluster, Op, kCtaToken>;
+template <typename A, int K, Mode M, typename Op = InterleavedSumOp, bool kCtaToken = false>
+using Reducer = RowReducer<A, K, 2, M == Mode::kCluster, Op, kCtaToken, M == Mode::kGroup>;
 
 // A thread's place on its rows.
 struct Place {
@@ -103,11 +112,15 @@ __device__ __forceinline__ Place place(const Layout& lay) {
     pl.row_in_cta = 0;
   } else {
     // A team smaller than its CTA is a power of two of lanes (Layout), so
-    // shifts place a thread; only kCluster launches more than one CTA a row.
+    // shifts place a thread; kCluster and kGroup launch several CTAs a row.
     int rank = 0;
     int64_t group = blockIdx.x, groups = gridDim.x;
     if constexpr (M == Mode::kCluster) {
       rank = cluster_rank_or_zero(lay.cluster);
+    } else if constexpr (M == Mode::kGroup) {
+      rank = int(blockIdx.x % unsigned(lay.cluster));
+    }
+    if constexpr (walks_rows(M)) {
       group /= lay.cluster;
       groups /= lay.cluster;
     }
@@ -206,7 +219,7 @@ __device__ __forceinline__ Frag<DR, VEC> to_frag(const A (&v)[VEC]) {
 // then), without the dropout code, whose registers and predicate tests the
 // compiler otherwise keeps on the p == 0 path too.
 template <typename T, typename W, typename R, int VEC, int NV, Mode M, bool kDropout, bool kWhole = false>
-__global__ void FLN_MAX_REGS(M == Mode::kCluster ? kFwdClusterRegs : kFwdRegs)
+__global__ void FLN_MAX_REGS(walks_rows(M) ? kFwdClusterRegs : kFwdRegs)
 add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   using A = dacc_t<T>;
   using DT = device_t<T>;
@@ -214,11 +227,13 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   using DR = device_t<R>;
   constexpr int K = 3;  // LayerNorm (count, mean, M2); RMSNorm reduces sum(h^2)
   constexpr bool kCl = M == Mode::kCluster;
+  constexpr bool kWalk = walks_rows(M);
   __shared__ ReduceSmem<A, K> sh;
   __shared__ ReduceSmem<A, 1> sh1;
   __shared__ int ticket_slots[2];
-  Reducer<A, K, kCl, ChanOp, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};  // kCl: tickets' tokens
-  Reducer<A, 1, kCl, InterleavedSumOp, kCl> red1{sh1, lay.threads_per_row, lay.cluster, 0};
+  Reducer<A, K, M, ChanOp, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};  // kCl: tickets' tokens
+  Reducer<A, 1, M, InterleavedSumOp, kCl> red1{sh1, lay.threads_per_row, lay.cluster, 0};
+  red.group_slots = red1.group_slots = lay.group_slots;
   if (p.rms) red1.init();
   else red.init();
   const Place pl = place<M>(lay);
@@ -234,8 +249,9 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     p.rng_out[1] = int64_t(dm.offset);
   }
   const A woff = A(p.weight_offset);
-  // kCluster (a persistent grid) loads the next row's x and residual before
-  // this row is reduced and written, so a row's loads are always in flight.
+  // kCluster and kGroup (a persistent grid) load the next row's x and
+  // residual before this row is reduced and written, so a row's loads are
+  // always in flight.
   struct RowIn {
     Frag<DT, VEC> x[NV];
     Frag<DR, VEC> r[NV];
@@ -257,7 +273,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     }
   };
   RowIn next;
-  if constexpr (kCl) load_row(pl.first_row, next);
+  if constexpr (kWalk) load_row(pl.first_row, next);
   // Which rows a group (a CTA or cluster) takes: first_row, first_row +
   // row_step, ...; with lay.row_ticket (kCluster: one row a group) its first
   // three rows are those and each later one is 3 * row_step plus a ticket of
@@ -272,7 +288,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   const bool ticket_taker = tickets && pl.t == 0;
   int fresh = 0;                                  // ticket_taker: this row's ticket
   int token = int(pl.first_row - pl.row_step);    // a row old; at first, the third row less 3 * row_step
-  int64_t next_row = pl.first_row + pl.row_step;  // the row whose loads this row issues (kCluster)
+  int64_t next_row = pl.first_row + pl.row_step;  // the row whose loads this row issues (kWalk)
   auto advance = [&]() {
     const int64_t r = next_row;
     next_row = tickets ? 3 * pl.row_step + token : next_row + pl.row_step;
@@ -295,7 +311,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
     Frag<DR, VEC> rf[NV];
     auto valid = [&](int i) { return live && in_row(i); };
     DR* const hg = p.h ? static_cast<DR*>(p.h) + row * n : nullptr;
-    if constexpr (kCl) {
+    if constexpr (kWalk) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         xf[i] = next.x[i];
@@ -479,12 +495,13 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
   using DW = device_t<W>;
   using DR = device_t<R>;
   extern __shared__ __align__(16) unsigned char merge_smem[];
-  constexpr bool kCl = M == Mode::kCluster;
   // Rows in pairs with one reduction of four sums (plan.h), or one at a time.
-  static_assert(!kPair || (kCl && bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC)), "pairs: 16-byte cluster rows");
+  static_assert(!kPair || (M == Mode::kCluster && bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC)),
+                "pairs: 16-byte cluster rows");
   constexpr int kSums = kPair ? 4 : 2;
   __shared__ ReduceSmem<A, kSums> sh;
-  Reducer<A, kSums, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};
+  Reducer<A, kSums, M> red{sh, lay.threads_per_row, lay.cluster, 0};
+  red.group_slots = lay.group_slots;
   red.init();
   const Place pl = place<M>(lay);
   const int64_t n = p.cols;

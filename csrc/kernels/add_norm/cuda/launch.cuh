@@ -27,6 +27,21 @@ cudaError_t with_vec(int vec, F&& f) {
 
 constexpr unsigned kMaxGridY = 65535;
 
+// Zeroes a row group launch's exchange slots (`values` a CTA, common.cuh)
+// and launches it cooperatively: it fails rather than leave a CTA waiting.
+template <typename P, typename... KArgs, typename... Args>
+cudaError_t launch_group(void (*kernel)(KArgs...), const Plan& pl, int64_t groups, int values, Workspace ws,
+                         cudaStream_t stream, const P& p, Layout lay, Args... args) {
+  const size_t bytes = group_slot_bytes(groups, pl.cluster, values);
+  lay.group_slots = static_cast<unsigned long long*>(ws.alloc(ws.ctx, bytes));
+  if (!lay.group_slots) return cudaErrorMemoryAllocation;
+  const cudaError_t e = cudaMemsetAsync(lay.group_slots, 0, bytes, stream);
+  if (e != cudaSuccess) return e;
+  const LaunchConfig lc(dim3(unsigned(groups * pl.cluster)), dim3(unsigned(pl.cta_threads)), 0, 1, stream, false,
+                        true);
+  return launch_with(lc, kernel, p, lay, args...);
+}
+
 }  // namespace add_norm
 
 template <typename T, typename W, typename R>
@@ -46,13 +61,13 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     constexpr int NV = accesses_per_thread(false, VEC, sizeof(T));
     if (pl.accesses != NV) return cudaErrorInvalidConfiguration;  // plan.h and the instantiations disagree
     Layout lay{pl.threads_per_row, pl.cluster, pl.chunks};
-    // Rows of one CTA or one cluster take the kernel without dropout code
-    // where p == 0; split rows (long, rare) keep one kernel for both.
+    // Rows of one CTA, a cluster or a group take the kernel without dropout
+    // code where p == 0; split rows (long, rare) keep one kernel for both.
     // Rows of exactly NV accesses a thread take kernels without bounds tests.
     const bool drop = p.dropout_p > 0.0;
-    const bool whole = int64_t(NV) * VEC * pl.threads_per_row * pl.cluster == p.cols;
     auto kernel = [&](auto mode) {
       constexpr Mode MM = decltype(mode)::value;
+      const bool whole = int64_t(NV) * VEC * pl.threads_per_row * pl.cluster == p.cols;
       return drop ? (whole ? &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, true, true>
                            : &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, true, false>)
                   : (whole ? &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, false, true>
@@ -79,6 +94,19 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
       }
       pl = split_plan(pl);
       lay = Layout{pl.threads_per_row, 1, pl.chunks};
+    }
+    if constexpr (sizeof(A) == 4) {  // the group exchange carries 32-bit values
+      if (pl.strategy == Strategy::kSplit) {
+        const add_norm::Plan split = pl;
+        pl = group_plan(pl);
+        auto k = kernel(std::integral_constant<Mode, Mode::kGroup>{});
+        const int64_t res = resident_groups(k, dev, pl.cta_threads, 1, 0) / pl.cluster;
+        if (res > 0) {
+          return launch_group(k, pl, p.rows < res ? p.rows : res, 3, ws, stream, p,
+                              Layout{pl.threads_per_row, pl.cluster, 1}, static_cast<A*>(nullptr));
+        }
+        pl = split;
+      }
     }
     if (pl.strategy == Strategy::kSplit) {
       A* work = static_cast<A*>(ws.alloc(ws.ctx, size_t(p.rows) * pl.chunks * 3 * sizeof(A)));
@@ -154,6 +182,22 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
       }
       pl = split_plan(pl);
       lay = Layout{pl.threads_per_row, 1, pl.chunks};
+    }
+    if constexpr (sizeof(A) == 4) {  // the group exchange carries 32-bit values
+      if (pl.strategy == Strategy::kSplit) {
+        auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kGroup>;
+        const add_norm::Plan group = group_plan(pl);
+        const int64_t res = resident_groups(k, dev, group.cta_threads, 1, 0) / group.cluster;
+        if (res > 0) {
+          const int64_t groups = p.rows < res ? p.rows : res;
+          auto [pw, pb] = parts(groups);
+          if (want_w && (!pw || (p.db && !pb))) return cudaErrorMemoryAllocation;
+          const cudaError_t e = launch_group(k, group, groups, 2, ws, stream, p,
+                                             Layout{group.threads_per_row, group.cluster, 1}, pw, pb,
+                                             static_cast<A*>(nullptr));
+          return e == cudaSuccess ? finalize(pw, pb, groups) : e;
+        }
+      }
     }
     if (pl.strategy == Strategy::kSplit) {
       auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kSplitApply>;

@@ -5,7 +5,7 @@
 
 namespace fln::cuda::add_norm {
 
-enum class Strategy { kRow, kCluster, kSplit };
+enum class Strategy { kRow, kCluster, kGroup, kSplit };
 
 struct Plan {
   Strategy strategy = Strategy::kRow;
@@ -13,7 +13,7 @@ struct Plan {
   int accesses = 1;          // accesses a thread holds per row (the kernel's NV)
   int threads_per_row = 1;   // of one CTA
   int cta_threads = 128;
-  int cluster = 1;           // kCluster: CTAs on a row
+  int cluster = 1;           // kCluster, kGroup: CTAs on a row
   int chunks = 1;            // kSplit: CTAs on a row, each reading its slice twice
 };
 
@@ -118,6 +118,18 @@ inline Plan walking_plan(Plan p) {
 constexpr int64_t kTicketMinRows = 16;
 inline bool fwd_row_tickets(int64_t rows, int64_t groups) {
   return rows >= kTicketMinRows * groups && rows < INT32_MAX;
+}
+
+// Rows past a cluster (16 CTAs, or before sm_90 past one CTA) take a group of
+// the same CTAs, all resident at once (a cooperative launch), which trade the
+// row's statistics through global memory and walk rows as clusters do: one
+// read of each input.  Where a row's CTAs cannot all be resident, or with
+// fp64 statistics, the split reads its inputs twice.
+inline Plan group_plan(Plan p) {
+  p.strategy = Strategy::kGroup;
+  p.cluster = p.chunks;
+  p.chunks = 1;
+  return p;
 }
 
 // The split strategy for a row whose cluster cannot be scheduled.
