@@ -456,7 +456,7 @@ __device__ __forceinline__ void st_async(uint32_t addr, double v, uint32_t bar) 
 template <typename A, int K, int NB = 2>
 struct ReduceSmem {
   A warp[2][kMaxCtaThreads / 32][K];  // per-warp partials
-  A cta[NB][kMaxClusterCtas][K];      // clusters: [buffer][source CTA] sums, pushed by each CTA
+  A cta[NB][kMaxClusterCtas][K];      // clusters: [buffer][source CTA] sums, pushed by each CTA; groups: [buffer][0] the result
   alignas(8) uint64_t bar[NB];        // clusters: completes when every CTA's sums have landed
 };
 

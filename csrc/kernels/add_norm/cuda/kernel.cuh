@@ -13,9 +13,10 @@
 //                group of CTAs, all resident at once (a cooperative launch),
 //                the statistics traded through global memory (common.cuh);
 //                the same persistent walk as kCluster;
-//   kSplitStats  rows whose group cannot be resident: `chunks` CTAs each
-//   kSplitApply  reduce a slice of the row into a workspace, then each
-//                re-reads its slice and finishes it (inputs read twice).
+//   kSplitStats  rows whose group cannot be resident, and fp64 rows past a
+//   kSplitApply  cluster: `chunks` CTAs each reduce a slice of the row into
+//                a workspace, then each re-reads its slice and finishes it
+//                (inputs read twice).
 // A row's columns are spread over its threads in 16-byte accesses: access i
 // of thread t holds columns (i * row_threads + t) * VEC ... + VEC - 1, so a
 // warp's accesses are contiguous.
@@ -95,7 +96,7 @@ struct Place {
   int t, row_threads;           // this thread among the row's threads, and how many
   bool leader;                  // the one thread of a row that stores its mean and rstd
   int chunk;                    // kSplit*: which CTA of the row
-  int row_in_cta;               // kRow, kCluster: this thread's row among its CTA's rows
+  int row_in_cta;               // kRow, kCluster, kGroup: this thread's row among its CTA's rows
 };
 
 template <Mode M>
