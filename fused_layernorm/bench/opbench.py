@@ -76,10 +76,14 @@ class Run:
 
     def time_us(self, fn: Callable[[], object]) -> float:
         """Time of one call of fn: the median GPU time with L2 flushed between calls, or the
-        fastest host wall time."""
+        fastest host wall time.  The fastest and slowest calls are kept for the cell's row
+        (time_us_range): a median far from the fastest call shows a run disturbed for a while."""
         if self.device == "cuda":
-            return timing.cuda_time_us(fn, self.reps, 3, self.flush)[0]
-        return timing.host_time_us(fn, warmup=2, min_reps=5, max_reps=self.reps, budget_s=1.0)[0]
+            t, times = timing.cuda_time_us(fn, self.reps, 3, self.flush)
+        else:
+            t, times = timing.host_time_us(fn, warmup=2, min_reps=5, max_reps=self.reps, budget_s=1.0)
+        self.last_range = [round(min(times), 2), round(max(times), 2)] if times else None
+        return t
 
     def empty_cache(self):
         if self.device == "cuda":
@@ -104,9 +108,11 @@ class Run:
                 words.append(f"{peer}:{d}=WRONG")
                 continue
             try:
+                self.last_range = None
                 t_us = time_us(d)
                 pct = 100 * nbytes(d) / (t_us * 1e-6) / 1e9 / self.copy["gbps"]
-                self.rows.append(dict(cell, status="ok", time_us=round(t_us, 2), pct_copy=round(pct, 2)))
+                extra = {"time_us_range": self.last_range} if self.last_range else {}
+                self.rows.append(dict(cell, status="ok", time_us=round(t_us, 2), pct_copy=round(pct, 2), **extra))
                 words.append(f"{peer}:{d}={pct:.1f}")
             except Exception as e:
                 self.rows.append(dict(cell, status="ERROR", note=_first_line(e)))

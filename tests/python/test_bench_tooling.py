@@ -108,6 +108,19 @@ def test_results_merge_over_runs(monkeypatch, tmp_path, capsys):
     assert "commit" in capsys.readouterr().err
 
 
+def test_op_bench_keeps_the_fastest_and_slowest_call(monkeypatch):
+    """A cell timed through Run.time_us records its fastest and slowest call beside the median."""
+    from fused_layernorm.bench import opbench
+
+    run = object.__new__(opbench.Run)
+    run.rows, run.copy, run.device, run.reps, run.flush = [], {"gbps": 1000.0}, "cuda", 5, None
+    monkeypatch.setattr(opbench.timing, "cuda_time_us", lambda fn, reps, warmup, flush: (2.0, [2.0, 9.5, 1.9, 2.0, 2.1]))
+    words = run.peer_cells("ours", dict(peer="ours"), ["fwd"], lambda: ({"y": 0.0}, True),
+                           lambda d: run.time_us(lambda: None), lambda d: 10**6)
+    assert words == ["ours:fwd=50.0"]
+    assert run.rows[0]["time_us"] == 2.0 and run.rows[0]["time_us_range"] == [1.9, 9.5]
+
+
 def test_op_bench_peer_cells(tmp_path):
     """bench.opbench (shared by bench.fused and bench.rope): a peer that fails its check is WRONG and
     never timed, one that raises is ERROR, the rest get % of the copy bandwidth; the plot draws them."""
