@@ -406,6 +406,26 @@ def test_rows_walked_by_a_persistent_grid(kind, dtype, hidden, p, rows, seed):
     check(y, ye, dtype, hidden, scale=4.0, what="y")
 
 
+def _backward_against_float64(kind, inputs, leaves, y, h, mask, p):
+    """Outputs poisoned, then the backward of (y, h) from the op's forward (weight_offset 0.25)
+    with dh in: dx, dresidual and the weight gradients against float64.  Returns the float64 y
+    of the op's own h."""
+    x, r, w, b, dy, dh = inputs
+    xl, rl, wl, bl = leaves
+    rows, hidden = x.shape[0], x.shape[-1]
+    poison_cuda_cache(*(2 * [x.numel() * x.element_size()]))
+    torch.autograd.backward([y, h], [dy, dh])
+    xr, rr, wr, br = _leaves(x, r, w, b)
+    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=p, offset=0.25, h_actual=h)
+    torch.autograd.backward([ye, he], [dy.double(), dh.double()])
+    check(xl.grad, xr.grad, x.dtype, hidden, scale=64.0, what="dx")
+    check(rl.grad, rr.grad, x.dtype, hidden, scale=64.0, what="dresidual")
+    check(wl.grad, wr.grad, x.dtype, rows, scale=64.0, what="dweight")
+    if bl is not None:
+        check(bl.grad, br.grad, x.dtype, rows, scale=64.0, what="dbias")
+    return ye
+
+
 @requires_cuda
 @pytest.mark.sanitize
 @pytest.mark.parametrize("kind", ["ln", "rms"])
@@ -425,16 +445,7 @@ def test_backward_cluster_rows_in_pairs(kind, dtype, hidden, p, rows, seed):
     kw = {"return_dropout_mask": True} if p else {}
     out = _run(kind, xl, rl, wl, bl, 1e-5, dropout_p=p, weight_offset=0.25, return_residual=True, **kw)
     y, h, mask = out if p else (*out, None)
-    poison_cuda_cache(*(2 * [x.numel() * x.element_size()]))
-    torch.autograd.backward([y, h], [dy, dh])
-    xr, rr, wr, br = _leaves(x, r, w, b)
-    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=p, offset=0.25, h_actual=h)
-    torch.autograd.backward([ye, he], [dy.double(), dh.double()])
-    check(xl.grad, xr.grad, dtype, hidden, scale=64.0, what="dx")
-    check(rl.grad, rr.grad, dtype, hidden, scale=64.0, what="dresidual")
-    check(wl.grad, wr.grad, dtype, rows, scale=64.0, what="dweight")
-    if bl is not None:
-        check(bl.grad, br.grad, dtype, rows, scale=64.0, what="dbias")
+    _backward_against_float64(kind, (x, r, w, b, dy, dh), (xl, rl, wl, bl), y, h, mask, p)
 
 
 @requires_cuda
@@ -455,19 +466,10 @@ def test_rows_walked_by_row_groups(kind, dtype, hidden, p, seed, rows=37):
     kw = {"return_dropout_mask": True} if p else {}
     out = _run(kind, xl, rl, wl, bl, 1e-5, dropout_p=p, weight_offset=0.25, return_residual=True, **kw)
     y, h, mask = out if p else (*out, None)
-    poison_cuda_cache(*(2 * [x.numel() * x.element_size()]))
-    torch.autograd.backward([y, h], [dy, dh])
-    xr, rr, wr, br = _leaves(x, r, w, b)
-    ye, he = reference(kind, xr, rr, wr, br, 1e-5, mask=mask, p=p, offset=0.25, h_actual=h)
-    torch.autograd.backward([ye, he], [dy.double(), dh.double()])
+    ye = _backward_against_float64(kind, (x, r, w, b, dy, dh), (xl, rl, wl, bl), y, h, mask, p)
     _, he_own = reference(kind, x, r, w, b, 1e-5, mask=mask, p=p, offset=0.25)
     check(h, he_own, dtype, 1, scale=4.0, what="h")
     check(y, ye, dtype, hidden, scale=4.0, what="y")
-    check(xl.grad, xr.grad, dtype, hidden, scale=64.0, what="dx")
-    check(rl.grad, rr.grad, dtype, hidden, scale=64.0, what="dresidual")
-    check(wl.grad, wr.grad, dtype, rows, scale=64.0, what="dweight")
-    if bl is not None:
-        check(bl.grad, br.grad, dtype, rows, scale=64.0, what="dbias")
 
 
 @requires_cuda
