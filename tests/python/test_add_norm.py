@@ -472,6 +472,32 @@ def test_rows_walked_by_row_groups(kind, dtype, hidden, p, seed, rows=37):
     check(y, ye, dtype, hidden, scale=4.0, what="y")
 
 
+# Mode's values in the kernels' names (csrc/kernels/add_norm/cuda/kernel.cuh), demangled or not.
+_MODE_NAMES = {"group": ("Mode)2", "ModeE2E"), "split": ("Mode)3", "ModeE3E", "Mode)4", "ModeE4E")}
+
+
+@requires_cuda
+@pytest.mark.parametrize("hidden,strategy", [(140000, "group"), (2100000, "split")])
+def test_long_rows_take_their_strategy(hidden, strategy, seed):
+    """The kernels that ran (profiler): fp32 rows of 140000 take the row-group kernels forward and
+    backward (groups of 18 and 35 CTAs, resident at once on a GPU of 35 SMs or more), rows of
+    2100000 the split's (257 and 1026 CTAs cannot be resident)."""
+    from torch.profiler import ProfilerActivity, profile
+    if torch.cuda.get_device_properties(0).multi_processor_count < 35:
+        pytest.skip("fewer than 35 SMs: a group of 35 CTAs cannot be resident")
+    x, r, w, b, dy, dh = _inputs((2, hidden), torch.float32, "cuda", seed)
+    xl, rl, wl, bl = _leaves(x, r, w, b)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        y, h = _run("ln", xl, rl, wl, bl, 1e-5, return_residual=True)
+        torch.autograd.backward([y, h], [dy, dh])
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    for direction in ("fwd", "bwd"):
+        ran = [n for n in names if f"add_norm_{direction}_kernel" in n]
+        assert ran, f"no add_norm_{direction}_kernel in the profile: {sorted(set(names))[:8]}"
+        assert all(any(m in n for m in _MODE_NAMES[strategy]) for n in ran), f"{direction}: {sorted(set(ran))}"
+
+
 @requires_cuda
 def test_row_groups_replay_in_a_cuda_graph(seed):
     """A row-group launch (cooperative, its exchange slots zeroed by a memset on the stream)

@@ -746,4 +746,13 @@ inline bool built_for_clusters(const void* kernel) {
   return ok;
 }
 
+// Row groups exchange through gpu-scope relaxed loads and stores (sm_70):
+// a kernel built from older PTX has none, and its polls would never end.
+inline bool built_for_groups(const void* kernel) {
+  cudaFuncAttributes a;
+  const bool ok = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.ptxVersion >= 70;
+  cudaGetLastError();
+  return ok;
+}
+
 }  // namespace fln::cuda

@@ -77,13 +77,16 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
 // (they persist on the device), so launches do no attribute calls.  A query
 // that fails (an error left by other work, say) is not cached: the next
 // launch asks again rather than falling back for the process's life.
+// `row_groups`: a kernel that trades through global memory (common.cuh's row
+// groups), which fits nowhere if built from PTX older than sm_70.
 template <typename K>
-int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize, size_t smem) {
+int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize, size_t smem,
+                    bool row_groups = false) {
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int, int, size_t>, int> cache;
+  static std::map<std::tuple<const void*, int, int, int, size_t, bool>, int> cache;
   static std::map<std::pair<const void*, int>, size_t> smem_limit;  // per kernel and device
   const void* fn = reinterpret_cast<const void*>(kernel);
-  const auto key = std::make_tuple(fn, dev.index, cta_threads, csize, smem);
+  const auto key = std::make_tuple(fn, dev.index, cta_threads, csize, smem, row_groups);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -101,6 +104,7 @@ int resident_groups(K kernel, const DeviceInfo& dev, int cta_threads, int csize,
     if (ok) limit = smem;
   }
   if (ok && csize > 1) ok = built_for_clusters(fn);
+  if (ok && row_groups) ok = built_for_groups(fn);
   if (ok && csize > 8)  // 16-CTA clusters are "non-portable" and must be enabled per kernel
     ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
   if (ok && csize == 1) {

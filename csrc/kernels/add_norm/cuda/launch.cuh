@@ -29,6 +29,12 @@ constexpr unsigned kMaxGridY = 65535;
 
 // Zeroes a row group launch's exchange slots (`values` a CTA, common.cuh)
 // and launches it cooperatively: it fails rather than leave a CTA waiting.
+// Where the device refuses the grid (fewer SMs than it reports, under MPS
+// say), the caller takes the split instead.
+inline bool group_refused(cudaError_t e) {
+  return e == cudaErrorCooperativeLaunchTooLarge || e == cudaErrorNotSupported;
+}
+
 template <typename P, typename... KArgs, typename... Args>
 cudaError_t launch_group(void (*kernel)(KArgs...), const Plan& pl, int64_t groups, int values, Workspace ws,
                          cudaStream_t stream, const P& p, Layout lay, Args... args) {
@@ -100,10 +106,11 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
         const add_norm::Plan split = pl;
         pl = group_plan(pl);
         auto k = kernel(std::integral_constant<Mode, Mode::kGroup>{});
-        const int64_t res = resident_groups(k, dev, pl.cta_threads, 1, 0) / pl.cluster;
+        const int64_t res = resident_groups(k, dev, pl.cta_threads, 1, 0, true) / pl.cluster;
         if (res > 0) {
-          return launch_group(k, pl, p.rows < res ? p.rows : res, 3, ws, stream, p,
-                              Layout{pl.threads_per_row, pl.cluster, 1}, static_cast<A*>(nullptr));
+          const cudaError_t e = launch_group(k, pl, p.rows < res ? p.rows : res, 3, ws, stream, p,
+                                             Layout{pl.threads_per_row, pl.cluster, 1}, static_cast<A*>(nullptr));
+          if (!group_refused(e)) return e;
         }
         pl = split;
       }
@@ -187,7 +194,7 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
       if (pl.strategy == Strategy::kSplit) {
         auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kGroup>;
         const add_norm::Plan group = group_plan(pl);
-        const int64_t res = resident_groups(k, dev, group.cta_threads, 1, 0) / group.cluster;
+        const int64_t res = resident_groups(k, dev, group.cta_threads, 1, 0, true) / group.cluster;
         if (res > 0) {
           const int64_t groups = p.rows < res ? p.rows : res;
           auto [pw, pb] = parts(groups);
@@ -195,7 +202,7 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
           const cudaError_t e = launch_group(k, group, groups, 2, ws, stream, p,
                                              Layout{group.threads_per_row, group.cluster, 1}, pw, pb,
                                              static_cast<A*>(nullptr));
-          return e == cudaSuccess ? finalize(pw, pb, groups) : e;
+          if (!group_refused(e)) return e == cudaSuccess ? finalize(pw, pb, groups) : e;
         }
       }
     }
