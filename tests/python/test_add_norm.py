@@ -429,16 +429,17 @@ def _backward_against_float64(kind, inputs, leaves, y, h, mask, p):
 @requires_cuda
 @pytest.mark.sanitize
 @pytest.mark.parametrize("kind", ["ln", "rms"])
-@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 8192), (torch.float16, 12296), (torch.bfloat16, 5120)],
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 8192), (torch.float16, 12296), (torch.bfloat16, 5120),
+                                          (torch.bfloat16, 4096), (torch.float16, 3592), (torch.bfloat16, 2048)],
                          ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
 @pytest.mark.parametrize("p", [0.0, 0.1])
 @pytest.mark.parametrize("rows", [777, 3])
-def test_backward_cluster_rows_in_pairs(kind, dtype, hidden, p, rows, seed):
-    """16-bit backward rows held by a cluster go two a reduction where that keeps as many
-    clusters resident (8192, 12296), one at a time where not (5120: CTAs of 10 warps): an odd
-    number of rows, each cluster walking several (777; the last pair of some clusters half past
-    the end) or at most one (3), with dh in: dx, dresidual and the weight gradients against
-    float64."""
+def test_backward_rows_in_pairs(kind, dtype, hidden, p, rows, seed):
+    """16-bit backward rows of whole warps go two a reduction where that keeps as many CTAs
+    resident: clusters (8192, 12296) and rows of one CTA of 16, 15 and 8 warps (4096; 3592, the
+    last warp part past the row; 2048), one at a time where not (5120: CTAs of 10 warps). An
+    odd number of rows, each CTA walking several (777; the last pair of some half past the end)
+    or at most one (3), with dh in: dx, dresidual and the weight gradients against float64."""
     x, r, w, b, dy, dh = _inputs((rows, hidden), dtype, "cuda", seed, kind=kind)
     xl, rl, wl, bl = _leaves(x, r, w, b)
     torch.manual_seed(seed)
@@ -473,26 +474,36 @@ def test_rows_walked_by_row_groups(kind, dtype, hidden, p, seed, rows=37):
 
 
 # Mode's values in the kernels' names (csrc/kernels/add_norm/cuda/kernel.cuh), demangled or not.
-_MODE_NAMES = {"group": ("Mode)2", "ModeE2E"), "split": ("Mode)3", "ModeE3E", "Mode)4", "ModeE4E")}
+# The pair kernel is the cluster mode's (1) with kPair true.
+_MODE_NAMES = {"group": ("Mode)2", "ModeE2E"), "split": ("Mode)3", "ModeE3E", "Mode)4", "ModeE4E"),
+               "pairs": ("Mode)1, true>", "ModeE1ELb1E")}
 
 
 @requires_cuda
-@pytest.mark.parametrize("hidden,strategy", [(140000, "group"), (2100000, "split")])
-def test_long_rows_take_their_strategy(hidden, strategy, seed):
+@pytest.mark.parametrize("dtype,hidden,strategy,directions",
+                         [(torch.float32, 140000, "group", ("fwd", "bwd")),
+                          (torch.float32, 2100000, "split", ("fwd", "bwd")),
+                          (torch.bfloat16, 4096, "pairs", ("bwd",))],
+                         ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
+def test_rows_take_their_strategy(dtype, hidden, strategy, directions, seed):
     """The kernels that ran (profiler): fp32 rows of 140000 take the row-group kernels forward and
     backward (groups of 18 and 35 CTAs, resident at once on a GPU of 35 SMs or more), rows of
-    2100000 the split's (257 and 1026 CTAs cannot be resident)."""
+    2100000 the split's (257 and 1026 CTAs cannot be resident); on sm_90, bf16 backward rows of
+    4096 the pair kernel (a CTA of 16 warps fits once an SM at 96 registers and at 128)."""
     from torch.profiler import ProfilerActivity, profile
-    if torch.cuda.get_device_properties(0).multi_processor_count < 35:
+    props = torch.cuda.get_device_properties(0)
+    if props.multi_processor_count < 35:
         pytest.skip("fewer than 35 SMs: a group of 35 CTAs cannot be resident")
-    x, r, w, b, dy, dh = _inputs((2, hidden), torch.float32, "cuda", seed)
+    if strategy == "pairs" and (props.major, props.minor) != (9, 0):
+        pytest.skip("the pair kernel's residency is stated for sm_90's 64K registers and 2048 threads an SM")
+    x, r, w, b, dy, dh = _inputs((2, hidden), dtype, "cuda", seed)
     xl, rl, wl, bl = _leaves(x, r, w, b)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         y, h = _run("ln", xl, rl, wl, bl, 1e-5, return_residual=True)
         torch.autograd.backward([y, h], [dy, dh])
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
-    for direction in ("fwd", "bwd"):
+    for direction in directions:
         ran = [n for n in names if f"add_norm_{direction}_kernel" in n]
         assert ran, f"no add_norm_{direction}_kernel in the profile: {sorted(set(names))[:8]}"
         assert all(any(m in n for m in _MODE_NAMES[strategy]) for n in ran), f"{direction}: {sorted(set(ran))}"

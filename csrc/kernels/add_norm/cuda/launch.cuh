@@ -223,7 +223,18 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
       return e == cudaSuccess ? finalize(pw, pb, groups) : e;
     }
     auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kRow>;
-    const int64_t res = resident_groups(k, dev, pl.cta_threads, 1, smem);
+    int64_t res = resident_groups(k, dev, pl.cta_threads, 1, smem);
+    // Rows of one CTA go in pairs too (clusters of one CTA), where that keeps as many CTAs resident.
+    if constexpr (bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC)) {
+      if (one_cta_row(pl)) {
+        auto paired = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster, true>;
+        const int64_t paired_res = resident_groups(paired, dev, pl.cta_threads, 1, smem);
+        if (paired_res > 0 && paired_res >= res) {
+          k = paired;
+          res = paired_res;
+        }
+      }
+    }
     if (res == 0) return cudaErrorInvalidConfiguration;
     const int64_t needed = (p.rows + rows_per_cta - 1) / rows_per_cta;
     const int64_t groups = needed < res ? needed : res;

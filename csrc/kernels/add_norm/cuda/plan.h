@@ -35,14 +35,14 @@ constexpr int kFwdRegs = 96;
 constexpr int kFwdClusterRegs = 128;
 constexpr int kBwdThreadElems = 8;
 constexpr int kBwdLongRowBytes = 32;
-// Backward cluster rows whose threads hold 16 bytes each of h and dy (16-bit,
-// 8 elements) go in pairs: one reduction of four sums, so one barrier and one
-// cluster push, serves two rows, whose loads are in flight two rows ahead.  At
-// 8 elements a thread those per-row costs, not the bytes, set the rate.  The
-// two rows' buffers take 128 registers (112 spilled 68 bytes), so the launcher
-// pairs only where that keeps as many clusters resident as one row at 96 (CTAs
-// of 9-10 warps fit twice an SM at 96, once at 128); rows of one CTA keep one
-// row at 96.
+// Backward rows of whole warps whose threads hold 16 bytes each of h and dy
+// (16-bit, 8 elements) go in pairs: one reduction of four sums, so one barrier
+// and one cluster push, serves two rows, whose loads are in flight two rows
+// ahead.  At 8 elements a thread those per-row costs, not the bytes, set the
+// rate.  The two rows' buffers take 128 registers (112 spilled 68 bytes), so
+// the launcher pairs only where that keeps as many CTAs resident as one row at
+// 96 (CTAs of 9-10 warps fit twice an SM at 96, once at 128).  Rows of one CTA
+// pair as clusters of one CTA.
 constexpr bool bwd_row_pairs(int x_bytes, int h_bytes, int elems, int vec) {
   return vec > 1 && (x_bytes + h_bytes) * elems <= 32;
 }
