@@ -20,23 +20,31 @@ class L2Flush:
         self.buf.zero_()
 
 
-def _let_host_run_ahead(reps: int):
+def _let_host_run_ahead(reps: int, host_us: float = 0.0):
     # Queue a GPU sleep first, so that the host enqueues all reps before the
-    # first one starts and host overhead between kernels is never timed.
+    # first one starts and host overhead between kernels is never timed: twice
+    # a rep's host time (flush and fn, the fastest warm-up), at least 0.1 ms a
+    # rep.  With a flat 0.1 ms, a peer whose Python and launches take longer
+    # than that per call would fall behind the host and have its launch gaps
+    # timed (suspected, not measured, in the H200 peers' backward figures).
     try:
-        torch.cuda._sleep(200_000 * reps)  # ~0.1 ms a rep at ~2 GHz
+        torch.cuda._sleep(int(2000 * reps * max(100.0, 2.0 * host_us)))  # 2000 cycles a microsecond, ~2 GHz
     except Exception:
         pass
 
 
 def cuda_time_us(fn: Callable, reps: int, warmup: int, flush: L2Flush) -> Tuple[float, List[float]]:
     """Median over `reps` of the GPU time of one fn(), in microseconds."""
-    for _ in range(warmup):
+    host_us = float("inf")
+    for _ in range(max(warmup, 2)):  # the fastest warm-up's host time (the first may compile)
+        t0 = time.perf_counter()
+        flush()
         fn()
+        host_us = min(host_us, (time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    _let_host_run_ahead(reps)
+    _let_host_run_ahead(reps, host_us)
     for i in range(reps):
         flush()
         starts[i].record()
