@@ -104,7 +104,7 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     if constexpr (sizeof(A) == 4) {  // the group exchange carries 32-bit values
       if (pl.strategy == Strategy::kSplit) {
         const add_norm::Plan split = pl;
-        pl = group_plan(pl);
+        pl = group_plan(pl);  // before kernel(): a whole row counts the group's CTAs
         auto k = kernel(std::integral_constant<Mode, Mode::kGroup>{});
         const int64_t res = resident_groups(k, dev, pl.cta_threads, 1, 0, true) / pl.cluster;
         if (res > 0) {
@@ -161,6 +161,18 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
     Layout lay{pl.threads_per_row, pl.cluster, pl.chunks};
     const int rows_per_cta = pl.cta_threads / pl.threads_per_row;
     const size_t smem = rows_per_cta > 1 ? size_t(pl.cta_threads) * NV * VEC * 2 * sizeof(A) : 0;
+    // Rows in pairs (plan.h): the pair kernel replaces k where its registers
+    // keep as many CTAs (clusters of csize) resident.
+    auto prefer_pairs = [&](auto& k, int64_t& res, int csize) {
+      if constexpr (bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC)) {
+        auto paired = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster, true>;
+        const int64_t paired_res = resident_groups(paired, dev, pl.cta_threads, csize, smem);
+        if (paired_res > 0 && paired_res >= res) {
+          k = paired;
+          res = paired_res;
+        }
+      }
+    };
     auto parts = [&](int64_t groups) -> std::pair<A*, A*> {
       if (!want_w) return {nullptr, nullptr};
       A* w = static_cast<A*>(ws.alloc(ws.ctx, size_t(groups) * p.cols * sizeof(A)));
@@ -170,15 +182,7 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
     if (pl.strategy == Strategy::kCluster) {
       auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster>;
       int64_t res = resident_groups(k, dev, pl.cta_threads, pl.cluster, smem);
-      // Rows in pairs (plan.h) where their registers keep as many clusters resident.
-      if constexpr (bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC)) {
-        auto paired = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster, true>;
-        const int64_t paired_res = resident_groups(paired, dev, pl.cta_threads, pl.cluster, smem);
-        if (paired_res > 0 && paired_res >= res) {
-          k = paired;
-          res = paired_res;
-        }
-      }
+      prefer_pairs(k, res, pl.cluster);
       if (res > 0) {
         const int64_t groups = p.rows < res ? p.rows : res;
         auto [pw, pb] = parts(groups);
@@ -224,17 +228,7 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
     }
     auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kRow>;
     int64_t res = resident_groups(k, dev, pl.cta_threads, 1, smem);
-    // Rows of one CTA go in pairs too (clusters of one CTA), where that keeps as many CTAs resident.
-    if constexpr (bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC)) {
-      if (one_cta_row(pl)) {
-        auto paired = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster, true>;
-        const int64_t paired_res = resident_groups(paired, dev, pl.cta_threads, 1, smem);
-        if (paired_res > 0 && paired_res >= res) {
-          k = paired;
-          res = paired_res;
-        }
-      }
-    }
+    if (one_cta_row(pl)) prefer_pairs(k, res, 1);  // as clusters of one CTA
     if (res == 0) return cudaErrorInvalidConfiguration;
     const int64_t needed = (p.rows + rows_per_cta - 1) / rows_per_cta;
     const int64_t groups = needed < res ? needed : res;
