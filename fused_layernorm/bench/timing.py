@@ -24,9 +24,8 @@ def _let_host_run_ahead(reps: int, host_us: float = 0.0):
     # Queue a GPU sleep first, so that the host enqueues all reps before the
     # first one starts and host overhead between kernels is never timed: twice
     # a rep's host time (flush and fn, the fastest warm-up), at least 0.1 ms a
-    # rep.  With a flat 0.1 ms, a peer whose Python and launches take longer
-    # than that per call would fall behind the host and have its launch gaps
-    # timed (suspected, not measured, in the H200 peers' backward figures).
+    # rep, so that a call whose Python and launches outlast its kernels is
+    # still timed by its GPU work, not by its launch gaps.
     try:
         torch.cuda._sleep(int(2000 * reps * max(100.0, 2.0 * host_us)))  # 2000 cycles a microsecond, ~2 GHz
     except Exception:
