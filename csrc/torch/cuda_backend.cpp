@@ -10,6 +10,7 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 
 #include <mutex>
+#include <vector>
 
 #include "../kernels/add_norm/cuda/add_norm_cuda.h"
 #include "../kernels/cuda/norm_cuda.h"
@@ -25,12 +26,32 @@ namespace fln::glue {
 
 namespace {
 
+// Peak DRAM bytes a microsecond, 2 x memory clock x bus width (double data
+// rate), read once per device; 0 (not cached: asked again) where the query
+// fails.  Under MIG these are the whole GPU's while sm_count is the slice's.
+int64_t dram_bytes_per_us(int device, int bus_bits) {
+  static std::mutex mu;
+  static std::vector<int64_t> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= int(cache.size())) cache.resize(device + 1, -1);
+  if (cache[device] < 0) {
+    int khz = 0;
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cache[device] = int64_t(2) * khz * bus_bits / 8 / 1000;
+  }
+  return cache[device];
+}
+
 fln::cuda::DeviceInfo device_info(const Tensor& like) {
   const auto* props = at::cuda::getDeviceProperties(like.get_device());
   fln::cuda::DeviceInfo d;
   d.index = like.get_device();
   d.sm_count = props->multiProcessorCount;
   d.cc_major = props->major;
+  d.dram_bytes_per_us = dram_bytes_per_us(d.index, props->memoryBusWidth);
   return d;
 }
 

@@ -153,6 +153,20 @@ TEST(AddNormPlan, RowGroupsAreSplitRowsReadOnce) {
   EXPECT_GT(groups, 8);
 }
 
+TEST(AddNormPlan, BackwardPrefetchWhereFewBytesAreInFlight) {
+  using namespace fln::cuda::add_norm;
+  fln::cuda::DeviceInfo h200, h100, unknown;
+  h200.sm_count = h100.sm_count = unknown.sm_count = 132;
+  h200.dram_bytes_per_us = 2 * 3201000LL * 6144 / 8 / 1000;  // 4.9 TB/s: 37 KB a microsecond an SM
+  h100.dram_bytes_per_us = 2 * 2619000LL * 5120 / 8 / 1000;  // 3.35 TB/s: 25 KB
+  // Two CTAs of 288 threads, 48 bytes a thread ahead (bf16 2304 with dh): 27 KB an SM.
+  EXPECT_TRUE(bwd_prefetch(2, 288, 48, h200));
+  EXPECT_FALSE(bwd_prefetch(2, 288, 48, h100));
+  // One CTA of 512 threads, 96 bytes ahead (fp32 4096): 48 KB.
+  EXPECT_FALSE(bwd_prefetch(1, 512, 96, h200));
+  EXPECT_FALSE(bwd_prefetch(1, 64, 48, unknown));  // bandwidth not reported: never
+}
+
 // The CPU kernels against double-precision arithmetic, with residual,
 // dropout, weight offset and the gradient flowing into h.
 TEST(AddNormCpu, ForwardBackwardMatchDouble) {

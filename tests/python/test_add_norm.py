@@ -450,6 +450,31 @@ def test_backward_rows_in_pairs(kind, dtype, hidden, p, rows, seed):
 
 
 @requires_cuda
+@pytest.mark.sanitize
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 2304), (torch.float32, 5120), (torch.float16, 1000),
+                                          (torch.bfloat16, 200), (torch.bfloat16, 100), (torch.bfloat16, 2303)],
+                         ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
+@pytest.mark.parametrize("p", [0.0, 0.1])
+@pytest.mark.parametrize("rows", [777, 3])
+def test_backward_rows_prefetched(kind, dtype, hidden, p, rows, seed):
+    """Backward rows walked one at a time whose registers hold few bytes ahead also prefetch
+    the row after into L2 (plan.h): a CTA of 9 warps (bf16 2304), a cluster of two CTAs of 10
+    (fp32 5120), a row part past its last warp (fp16 1000), CTAs of several rows of a warp
+    (bf16 200) and of 16 lanes (bf16 100), and one-element accesses (bf16 2303). An odd
+    number of rows, each CTA walking several (777) or at most one (3), with dh in: dx,
+    dresidual and the weight gradients against float64.  Where the rule takes no prefetch
+    (an H100) the same rows run the kernel without it."""
+    x, r, w, b, dy, dh = _inputs((rows, hidden), dtype, "cuda", seed, kind=kind)
+    xl, rl, wl, bl = _leaves(x, r, w, b)
+    torch.manual_seed(seed)
+    kw = {"return_dropout_mask": True} if p else {}
+    out = _run(kind, xl, rl, wl, bl, 1e-5, dropout_p=p, weight_offset=0.25, return_residual=True, **kw)
+    y, h, mask = out if p else (*out, None)
+    _backward_against_float64(kind, (x, r, w, b, dy, dh), (xl, rl, wl, bl), y, h, mask, p)
+
+
+@requires_cuda
 @pytest.mark.parametrize("kind", ["ln", "rms"])
 @pytest.mark.parametrize("dtype,hidden", [(torch.float32, 140000), (torch.bfloat16, 300000), (torch.float32, 262144)],
                          ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
@@ -474,28 +499,39 @@ def test_rows_walked_by_row_groups(kind, dtype, hidden, p, seed, rows=37):
 
 
 # Mode's values in the kernels' names (csrc/kernels/add_norm/cuda/kernel.cuh), demangled or not.
-# The pair kernel is the cluster mode's (1) with kPair true.
+# The pair kernel is the cluster mode's (1) with kPair true; the prefetching one has kPrefetch true.
 _MODE_NAMES = {"group": ("Mode)2", "ModeE2E"), "split": ("Mode)3", "ModeE3E", "Mode)4", "ModeE4E"),
-               "pairs": ("Mode)1, true>", "ModeE1ELb1E")}
+               "pairs": ("Mode)1, true, false>", "ModeE1ELb1ELb0E"),
+               "prefetch": ("false, true>", "ELb0ELb1E")}
+_NOT_NAMES = {"no_prefetch": _MODE_NAMES["prefetch"]}
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype,hidden,strategy,directions",
                          [(torch.float32, 140000, "group", ("fwd", "bwd")),
                           (torch.float32, 2100000, "split", ("fwd", "bwd")),
-                          (torch.bfloat16, 4096, "pairs", ("bwd",))],
+                          (torch.bfloat16, 4096, "pairs", ("bwd",)),
+                          (torch.bfloat16, 2304, "prefetch", ("bwd",)),
+                          (torch.float32, 16384, "no_prefetch", ("bwd",))],
                          ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
 def test_rows_take_their_strategy(dtype, hidden, strategy, directions, seed):
     """The kernels that ran (profiler): fp32 rows of 140000 take the row-group kernels forward and
     backward (groups of 18 and 35 CTAs, resident at once on a GPU of 35 SMs or more), rows of
     2100000 the split's (257 and 1026 CTAs cannot be resident); on sm_90, bf16 backward rows of
-    4096 the pair kernel (a CTA of 16 warps fits once an SM at 96 registers and at 128)."""
+    4096 the pair kernel (a CTA of 16 warps fits once an SM at 96 registers and at 128), rows of
+    2304 the prefetching one where two CTAs of 9 warps holding 27 KB ahead an SM are fewer
+    bytes than the SM's share of DRAM bandwidth moves in a microsecond (an H200, not an H100),
+    fp32 rows of 16384 (clusters of 4 CTAs of 512 threads, 48 KB an SM) never."""
     from torch.profiler import ProfilerActivity, profile
     props = torch.cuda.get_device_properties(0)
     if props.multi_processor_count < 35:
         pytest.skip("fewer than 35 SMs: a group of 35 CTAs cannot be resident")
-    if strategy == "pairs" and (props.major, props.minor) != (9, 0):
-        pytest.skip("the pair kernel's residency is stated for sm_90's 64K registers and 2048 threads an SM")
+    if strategy in ("pairs", "prefetch") and (props.major, props.minor) != (9, 0):
+        pytest.skip("the kernel's residency is stated for sm_90's 64K registers and 2048 threads an SM")
+    if strategy == "prefetch":  # plan.h: 27 KB ahead an SM against a microsecond of the SM's DRAM bandwidth
+        per_sm_per_us = 2 * props.memory_clock_rate * props.memory_bus_width // 8 // 1000 // props.multi_processor_count
+        if 2 * 288 * 48 >= per_sm_per_us:
+            pytest.skip(f"{per_sm_per_us} bytes a microsecond an SM: 27 KB ahead keep this GPU's DRAM busy")
     x, r, w, b, dy, dh = _inputs((2, hidden), dtype, "cuda", seed)
     xl, rl, wl, bl = _leaves(x, r, w, b)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -506,7 +542,10 @@ def test_rows_take_their_strategy(dtype, hidden, strategy, directions, seed):
     for direction in directions:
         ran = [n for n in names if f"add_norm_{direction}_kernel" in n]
         assert ran, f"no add_norm_{direction}_kernel in the profile: {sorted(set(names))[:8]}"
-        assert all(any(m in n for m in _MODE_NAMES[strategy]) for n in ran), f"{direction}: {sorted(set(ran))}"
+        if strategy in _NOT_NAMES:
+            assert not any(m in n for n in ran for m in _NOT_NAMES[strategy]), f"{direction}: {sorted(set(ran))}"
+        else:
+            assert all(any(m in n for m in _MODE_NAMES[strategy]) for n in ran), f"{direction}: {sorted(set(ran))}"
 
 
 @requires_cuda

@@ -488,7 +488,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
 // order.  Split modes: the first pass writes each chunk's two sums to the
 // workspace ([rows][chunks][2]), the second finishes the row.
 // ---------------------------------------------------------------------------
-template <typename T, typename W, typename R, int VEC, int NV, Mode M, bool kPair = false>
+template <typename T, typename W, typename R, int VEC, int NV, Mode M, bool kPair = false, bool kPrefetch = false>
 __global__ void FLN_MAX_REGS(bwd_registers(sizeof(T), NV * VEC, kPair))
 add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>* part_b, dacc_t<T>* work) {
   using A = dacc_t<T>;
@@ -499,6 +499,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
   // Rows in pairs with one reduction of four sums (plan.h), or one at a time.
   static_assert(!kPair || (M == Mode::kCluster && bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC)),
                 "pairs: 16-byte cluster rows");
+  static_assert(!kPrefetch || (!kPair && (M == Mode::kRow || M == Mode::kCluster)), "rows walked one at a time");
   constexpr int kSums = kPair ? 4 : 2;
   __shared__ ReduceSmem<A, kSums> sh;
   Reducer<A, kSums, M> red{sh, lay.threads_per_row, lay.cluster, 0};
@@ -546,6 +547,17 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
     }
     in.mean = live && !p.rms ? static_cast<const A*>(p.mean)[row] : A(0);
     in.rstd = live ? static_cast<const A*>(p.rstd)[row] : A(0);
+  };
+  // kPrefetch: the row after the one in registers is asked of L2 (plan.h).
+  auto prefetch_row = [&](int64_t row) {
+    if (row >= p.rows) return;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (col(i) >= n) continue;
+      prefetch_l2(static_cast<const DR*>(p.h) + row * p.h_stride + col(i));
+      prefetch_l2(static_cast<const DT*>(p.dy) + row * p.dy_stride + col(i));
+      if (want_dh) prefetch_l2(static_cast<const DR*>(p.dh) + row * p.dh_stride + col(i));
+    }
   };
   // Rows in pairs.  sum(g * xhat), sum(g), g = dy * (w + offset), into s[0],
   // s[1]; and the row's dweight / dbias partials.
@@ -646,6 +658,7 @@ add_norm_bwd_kernel(AddNormBwdParams p, Layout lay, dacc_t<T>* part_w, dacc_t<T>
       const bool live = row < p.rows;
       const RowIn cur = next;
       load_row(row + pl.row_step, next);
+      if constexpr (kPrefetch) prefetch_row(row + 2 * pl.row_step);
       const auto& hf = cur.h;
       const auto& dyf = cur.dy;
       const A mean = cur.mean, rstd = cur.rstd;

@@ -162,7 +162,7 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
     const int rows_per_cta = pl.cta_threads / pl.threads_per_row;
     const size_t smem = rows_per_cta > 1 ? size_t(pl.cta_threads) * NV * VEC * 2 * sizeof(A) : 0;
     // Rows in pairs (plan.h): the pair kernel replaces k where its registers
-    // keep as many CTAs (clusters of csize) resident.
+    // keep as many CTAs (clusters of csize) resident.  True if it did.
     auto prefer_pairs = [&](auto& k, int64_t& res, int csize) {
       if constexpr (bwd_row_pairs(sizeof(T), sizeof(R), NV * VEC, VEC)) {
         auto paired = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster, true>;
@@ -170,7 +170,23 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
         if (paired_res > 0 && paired_res >= res) {
           k = paired;
           res = paired_res;
+          return true;
         }
+      }
+      return false;
+    };
+    // Rows walked one at a time take the prefetching kernel where the bytes a
+    // thread has in flight while its row reduces (the next row's h and dy,
+    // this row's dh) are too few an SM (plan.h) and it keeps as many CTAs
+    // resident.  CTAs an SM round up: clusters of 3 or more leave SMs idle.
+    const int bytes_ahead = NV * VEC * int(sizeof(R) + sizeof(T) + (p.dh ? sizeof(R) : 0));
+    auto with_prefetch = [&](auto& k, int64_t& res, auto prefetching, int csize) {
+      const int64_t ctas_per_sm = (res * csize + dev.sm_count - 1) / dev.sm_count;
+      if (res <= 0 || !bwd_prefetch(ctas_per_sm, pl.cta_threads, bytes_ahead, dev)) return;
+      const int64_t prefetching_res = resident_groups(prefetching, dev, pl.cta_threads, csize, smem);
+      if (prefetching_res >= res) {
+        k = prefetching;
+        res = prefetching_res;
       }
     };
     auto parts = [&](int64_t groups) -> std::pair<A*, A*> {
@@ -182,7 +198,8 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
     if (pl.strategy == Strategy::kCluster) {
       auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster>;
       int64_t res = resident_groups(k, dev, pl.cta_threads, pl.cluster, smem);
-      prefer_pairs(k, res, pl.cluster);
+      if (!prefer_pairs(k, res, pl.cluster))
+        with_prefetch(k, res, &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kCluster, false, true>, pl.cluster);
       if (res > 0) {
         const int64_t groups = p.rows < res ? p.rows : res;
         auto [pw, pb] = parts(groups);
@@ -228,7 +245,8 @@ cudaError_t add_norm_bwd(const AddNormBwdParams& p, const DeviceInfo& dev, cudaS
     }
     auto k = &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kRow>;
     int64_t res = resident_groups(k, dev, pl.cta_threads, 1, smem);
-    if (one_cta_row(pl)) prefer_pairs(k, res, 1);  // as clusters of one CTA
+    if (!(one_cta_row(pl) && prefer_pairs(k, res, 1)))  // pairs as clusters of one CTA
+      with_prefetch(k, res, &add_norm_bwd_kernel<T, W, R, VEC, NV, Mode::kRow, false, true>, 1);
     if (res == 0) return cudaErrorInvalidConfiguration;
     const int64_t needed = (p.rows + rows_per_cta - 1) / rows_per_cta;
     const int64_t groups = needed < res ? needed : res;

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "../../cuda/device_info.h"
+
 namespace fln::cuda::add_norm {
 
 enum class Strategy { kRow, kCluster, kGroup, kSplit };
@@ -47,6 +49,17 @@ constexpr bool bwd_row_pairs(int x_bytes, int h_bytes, int elems, int vec) {
   return vec > 1 && (x_bytes + h_bytes) * elems <= 32;
 }
 constexpr int bwd_registers(int x_bytes, int elems, bool pairs) { return pairs || x_bytes * elems > 16 ? 128 : 96; }
+// Backward rows walked one at a time have the next row's h and dy and this
+// row's dh in flight while a row reduces.  Where those come to fewer bytes an
+// SM (resident CTAs x threads x bytes a thread) than the SM's share of the
+// DRAM bandwidth moves in a loaded DRAM latency (Little's law), each thread
+// also asks L2 for the row after.  H200 (37 KB a microsecond an SM): 27-31 KB gained 2-9
+// points, 43-49 KB prefetching lost up to 15; an H100's 25 KB takes none.
+constexpr int64_t kDramLatencyNs = 1000;
+inline bool bwd_prefetch(int64_t ctas_per_sm, int cta_threads, int bytes_ahead, const DeviceInfo& dev) {
+  const int64_t needed = dev.dram_bytes_per_us * kDramLatencyNs / 1000 / dev.sm_count;
+  return ctas_per_sm * cta_threads * bytes_ahead < needed;
+}
 constexpr int kMaxAccesses = 8;
 // Short rows share a CTA of this many threads, a team of lanes each; longer
 // rows take a CTA of whole warps, up to kPlanMaxThreads.

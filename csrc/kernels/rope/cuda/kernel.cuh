@@ -22,8 +22,6 @@ struct Layout {
   int64_t prefetch_batches = 0, prefetch_positions = 0;  // prefetch as (batches, positions): prefetch / seq, % seq
 };
 
-__device__ __forceinline__ void prefetch_l2(const void* ptr) { asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr)); }
-
 // The 2P cos (or sin) values of a unit, at offsets o1 and o2 of the token's
 // row, read in pieces of at most 16 bytes (float cos with 16-bit q is 32).
 template <typename DC, int P>
