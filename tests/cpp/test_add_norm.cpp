@@ -167,6 +167,22 @@ TEST(AddNormPlan, BackwardPrefetchWhereFewBytesAreInFlight) {
   EXPECT_FALSE(bwd_prefetch(1, 64, 48, unknown));  // bandwidth not reported: never
 }
 
+TEST(AddNormPlan, ForwardPrefetchWhereFewBytesAreInFlight) {
+  using namespace fln::cuda::add_norm;
+  fln::cuda::DeviceInfo h200, h100, unknown;
+  h200.sm_count = h100.sm_count = unknown.sm_count = 132;
+  h200.dram_bytes_per_us = 2 * 3201000LL * 6144 / 8 / 1000;  // 93 KB an SM over 2.5 us
+  h100.dram_bytes_per_us = 2 * 2619000LL * 5120 / 8 / 1000;  // 63 KB
+  // Seven CTAs of one bf16 row of 3072 with its residual (86 KB an SM, the most an H200's
+  // one-shot rows hold) and of 2304 (65 KB): the H200 prefetches both, the H100 neither.
+  EXPECT_TRUE(fwd_prefetch(7, 3072 * 4, h200));
+  EXPECT_TRUE(fwd_prefetch(7, 2304 * 4, h200));
+  EXPECT_FALSE(fwd_prefetch(7, 2304 * 4, h100));
+  // Ten CTAs of a bf16 row of 1536 (61 KB): the H100 too.
+  EXPECT_TRUE(fwd_prefetch(10, 1536 * 4, h100));
+  EXPECT_FALSE(fwd_prefetch(1, 64, unknown));  // bandwidth not reported: never
+}
+
 // The CPU kernels against double-precision arithmetic, with residual,
 // dropout, weight offset and the gradient flowing into h.
 TEST(AddNormCpu, ForwardBackwardMatchDouble) {

@@ -406,6 +406,24 @@ def test_rows_walked_by_a_persistent_grid(kind, dtype, hidden, p, rows, seed):
     check(y, ye, dtype, hidden, scale=4.0, what="y")
 
 
+@requires_cuda
+@pytest.mark.sanitize
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("dtype,hidden", [(torch.bfloat16, 2304), (torch.bfloat16, 1000), (torch.bfloat16, 200),
+                                          (torch.float32, 896), (torch.float16, 3000), (torch.bfloat16, 2303)],
+                         ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
+@pytest.mark.parametrize("p", [0.0, 0.1])
+@pytest.mark.parametrize("rows", [1777, 3])
+def test_forward_rows_prefetched(kind, dtype, hidden, p, rows, seed):
+    """Forward rows a CTA takes once, whose resident CTAs hold few bytes an SM, also ask L2
+    for the rows a quarter round of resident CTAs later (plan.h): a CTA of 3 warps (bf16
+    2304), CTAs of several rows of 32 lanes (1000) and of 8 (200), a row part past its last
+    warp (fp32 896, fp16 3000), one-element accesses (bf16 2303); more rows than the
+    distance (1777) or fewer (3). y and h against float64, outputs poisoned.
+    Where the rule takes no prefetch (an H100) the same rows run the kernel without it."""
+    test_rows_walked_by_a_persistent_grid(kind, dtype, hidden, p, rows, seed)
+
+
 def _backward_against_float64(kind, inputs, leaves, y, h, mask, p):
     """Outputs poisoned, then the backward of (y, h) from the op's forward (weight_offset 0.25)
     with dh in: dx, dresidual and the weight gradients against float64.  Returns the float64 y
@@ -511,7 +529,7 @@ _NOT_NAMES = {"no_prefetch": _MODE_NAMES["prefetch"]}
                          [(torch.float32, 140000, "group", ("fwd", "bwd")),
                           (torch.float32, 2100000, "split", ("fwd", "bwd")),
                           (torch.bfloat16, 4096, "pairs", ("bwd",)),
-                          (torch.bfloat16, 2304, "prefetch", ("bwd",)),
+                          (torch.bfloat16, 2304, "prefetch", ("fwd", "bwd")),
                           (torch.float32, 16384, "no_prefetch", ("bwd",))],
                          ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
 def test_rows_take_their_strategy(dtype, hidden, strategy, directions, seed):
@@ -519,19 +537,22 @@ def test_rows_take_their_strategy(dtype, hidden, strategy, directions, seed):
     backward (groups of 18 and 35 CTAs, resident at once on a GPU of 35 SMs or more), rows of
     2100000 the split's (257 and 1026 CTAs cannot be resident); on sm_90, bf16 backward rows of
     4096 the pair kernel (a CTA of 16 warps fits once an SM at 96 registers and at 128), rows of
-    2304 the prefetching one where two CTAs of 9 warps holding 27 KB ahead an SM are fewer
-    bytes than the SM's share of DRAM bandwidth moves in a microsecond (an H200, not an H100),
-    fp32 rows of 16384 (clusters of 4 CTAs of 512 threads, 48 KB an SM) never."""
+    2304 the prefetching ones where the bytes an SM holds are fewer than the SM's share of DRAM
+    bandwidth moves in a microsecond (backward: two CTAs of 9 warps, 27 KB ahead) or 2.5 (forward:
+    seven CTAs of a row with its residual, 65 KB): an H200, not an H100; fp32 backward rows of
+    16384 (clusters of 4 CTAs of 512 threads, 48 KB an SM) never."""
     from torch.profiler import ProfilerActivity, profile
     props = torch.cuda.get_device_properties(0)
     if props.multi_processor_count < 35:
         pytest.skip("fewer than 35 SMs: a group of 35 CTAs cannot be resident")
     if strategy in ("pairs", "prefetch") and (props.major, props.minor) != (9, 0):
         pytest.skip("the kernel's residency is stated for sm_90's 64K registers and 2048 threads an SM")
-    if strategy == "prefetch":  # plan.h: 27 KB ahead an SM against a microsecond of the SM's DRAM bandwidth
+    if strategy == "prefetch":  # plan.h: the bytes an SM holds against its DRAM share over 1 us (bwd), 2.5 (fwd)
         per_sm_per_us = 2 * props.memory_clock_rate * props.memory_bus_width // 8 // 1000 // props.multi_processor_count
-        if 2 * 288 * 48 >= per_sm_per_us:
-            pytest.skip(f"{per_sm_per_us} bytes a microsecond an SM: 27 KB ahead keep this GPU's DRAM busy")
+        held = {"bwd": (2 * 288 * 48, 1.0), "fwd": (7 * 2304 * 4, 2.5)}
+        directions = tuple(d for d in directions if held[d][0] < held[d][1] * per_sm_per_us)
+        if not directions:
+            pytest.skip(f"{per_sm_per_us} bytes a microsecond an SM: the bytes held keep this GPU's DRAM busy")
     x, r, w, b, dy, dh = _inputs((2, hidden), dtype, "cuda", seed)
     xl, rl, wl, bl = _leaves(x, r, w, b)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -41,6 +41,7 @@ struct Layout {
   int chunks = 1;           // kSplit*: CTAs on a row (gridDim.x)
   unsigned* row_ticket = nullptr;  // kCluster forward: the counter later rows are taken from (zeroed), or none
   unsigned long long* group_slots = nullptr;  // kGroup: the exchange slots (common.cuh), zeroed
+  int64_t prefetch_rows = 0;  // kRow forward with kPrefetch: rows ahead whose inputs are asked of L2
 };
 
 // b / n for counts, 0 <= b <= n (fp32): the instructions of IEEE
@@ -219,7 +220,8 @@ __device__ __forceinline__ Frag<DR, VEC> to_frag(const A (&v)[VEC]) {
 // kDropout false: compiled for dropout_p == 0 only (the launch picks it
 // then), without the dropout code, whose registers and predicate tests the
 // compiler otherwise keeps on the p == 0 path too.
-template <typename T, typename W, typename R, int VEC, int NV, Mode M, bool kDropout, bool kWhole = false>
+template <typename T, typename W, typename R, int VEC, int NV, Mode M, bool kDropout, bool kWhole = false,
+          bool kPrefetch = false>
 __global__ void FLN_MAX_REGS(walks_rows(M) ? kFwdClusterRegs : kFwdRegs)
 add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   using A = dacc_t<T>;
@@ -234,6 +236,7 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
   __shared__ int ticket_slots[2];
   Reducer<A, K, M, ChanOp, kCl> red{sh, lay.threads_per_row, lay.cluster, 0};  // kCl: tickets' tokens
   Reducer<A, 1, M, InterleavedSumOp, kCl> red1{sh1, lay.threads_per_row, lay.cluster, 0};
+  static_assert(!kPrefetch || M == Mode::kRow, "one-shot rows only");
   red.group_slots = red1.group_slots = lay.group_slots;
   if (p.rms) red1.init();
   else red.init();
@@ -331,6 +334,19 @@ add_norm_fwd_kernel(AddNormFwdParams p, Layout lay, dacc_t<T>* work) {
         } else {
           load_l1<L1Policy::kNormal, L2Policy::kEvictLast>(xf[i], xr + c);
           if (rr) rf[i].load(rr + c);
+        }
+      }
+      // A CTA taken once asks L2 for the row lay.prefetch_rows on, which a CTA
+      // a quarter round of resident CTAs later takes (plan.h).
+      if constexpr (kPrefetch) {
+        const int64_t ahead = row + lay.prefetch_rows;
+        if (live && ahead < p.rows) {
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            if (!in_row(i)) continue;
+            prefetch_l2(x_row(ahead) + col(i));
+            if (rr) prefetch_l2(r_row(ahead) + col(i));
+          }
         }
       }
     }

@@ -71,21 +71,23 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     // code where p == 0; split rows (long, rare) keep one kernel for both.
     // Rows of exactly NV accesses a thread take kernels without bounds tests.
     const bool drop = p.dropout_p > 0.0;
-    auto kernel = [&](auto mode) {
+    auto kernel = [&](auto mode, auto prefetch) {
       constexpr Mode MM = decltype(mode)::value;
+      constexpr bool PF = decltype(prefetch)::value;
       const bool whole = int64_t(NV) * VEC * pl.threads_per_row * pl.cluster == p.cols;
-      return drop ? (whole ? &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, true, true>
-                           : &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, true, false>)
-                  : (whole ? &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, false, true>
-                           : &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, false, false>);
+      return drop ? (whole ? &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, true, true, PF>
+                           : &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, true, false, PF>)
+                  : (whole ? &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, false, true, PF>
+                           : &add_norm_fwd_kernel<T, W, R, VEC, NV, MM, false, false, PF>);
     };
-    auto row_kernel = kernel(std::integral_constant<Mode, Mode::kRow>{});
+    using kRow = std::integral_constant<Mode, Mode::kRow>;
+    auto row_kernel = kernel(kRow{}, std::false_type{});
     if (one_cta_row(pl) && resident_groups(row_kernel, dev, pl.cta_threads, 1, 0) < kFwdMinRowCtas * dev.sm_count) {
       pl = walking_plan(pl);
       lay = Layout{pl.threads_per_row, 1, 1};
     }
     if (pl.strategy == Strategy::kCluster) {
-      auto k = kernel(std::integral_constant<Mode, Mode::kCluster>{});
+      auto k = kernel(std::integral_constant<Mode, Mode::kCluster>{}, std::false_type{});
       const int64_t res = resident_groups(k, dev, pl.cta_threads, pl.cluster, 0);
       if (res > 0) {  // a persistent grid: one launch of clusters for many rows
         const int64_t groups = p.rows < res ? p.rows : res;
@@ -105,7 +107,7 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
       if (pl.strategy == Strategy::kSplit) {
         const add_norm::Plan split = pl;
         pl = group_plan(pl);  // before kernel(): a whole row counts the group's CTAs
-        auto k = kernel(std::integral_constant<Mode, Mode::kGroup>{});
+        auto k = kernel(std::integral_constant<Mode, Mode::kGroup>{}, std::false_type{});
         const int64_t res = resident_groups(k, dev, pl.cta_threads, 1, 0, true) / pl.cluster;
         if (res > 0) {
           const cudaError_t e = launch_group(k, pl, p.rows < res ? p.rows : res, 3, ws, stream, p,
@@ -132,6 +134,20 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     const int rows_per_cta = pl.cta_threads / pl.threads_per_row;
     int64_t groups = (p.rows + rows_per_cta - 1) / rows_per_cta;
     if (groups > INT32_MAX) groups = INT32_MAX;
+    // Rows taken once ask L2 for later CTAs' rows where the rows resident
+    // CTAs hold are too few bytes an SM (plan.h) and the prefetching kernel
+    // keeps as many CTAs resident.
+    const int64_t res = resident_groups(row_kernel, dev, pl.cta_threads, 1, 0);
+    const int64_t cta_row_bytes = rows_per_cta * p.cols * int64_t(sizeof(T) + (p.residual ? sizeof(R) : 0));
+    if (res > 0 && fwd_prefetch((res + dev.sm_count - 1) / dev.sm_count, cta_row_bytes, dev)) {
+      auto prefetching = kernel(kRow{}, std::true_type{});
+      if (resident_groups(prefetching, dev, pl.cta_threads, 1, 0) >= res) {
+        const int64_t ahead = res / kFwdPrefetchRoundParts;
+        lay.prefetch_rows = (ahead > 0 ? ahead : 1) * rows_per_cta;
+        return launch(prefetching, dim3(unsigned(groups)), pl.cta_threads, 0, 1, stream, p, lay,
+                      static_cast<A*>(nullptr));
+      }
+    }
     return launch(row_kernel, dim3(unsigned(groups)), pl.cta_threads, 0, 1, stream, p, lay, static_cast<A*>(nullptr));
   });
 }

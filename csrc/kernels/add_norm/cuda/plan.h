@@ -56,9 +56,22 @@ constexpr int bwd_registers(int x_bytes, int elems, bool pairs) { return pairs |
 // also asks L2 for the row after.  H200 (37 KB a microsecond an SM): 27-31 KB gained 2-9
 // points, 43-49 KB prefetching lost up to 15; an H100's 25 KB takes none.
 constexpr int64_t kDramLatencyNs = 1000;
+inline int64_t sm_dram_bytes(const DeviceInfo& dev, int64_t ns) { return dev.dram_bytes_per_us * ns / 1000 / dev.sm_count; }
 inline bool bwd_prefetch(int64_t ctas_per_sm, int cta_threads, int bytes_ahead, const DeviceInfo& dev) {
-  const int64_t needed = dev.dram_bytes_per_us * kDramLatencyNs / 1000 / dev.sm_count;
-  return ctas_per_sm * cta_threads * bytes_ahead < needed;
+  return ctas_per_sm * cta_threads * bytes_ahead < sm_dram_bytes(dev, kDramLatencyNs);
+}
+// Forward rows a CTA takes once (no walk) load their x and residual, then
+// reduce and store with nothing in flight.  Where the rows resident CTAs hold
+// come to fewer bytes an SM than its DRAM share over kFwdPrefetchNs, each CTA
+// also asks L2 for the rows of the CTA a quarter round of resident CTAs later
+// (further ahead, the lines were evicted before use: half a round lost 4
+// points at full rate, a whole round 20).  H200 (93 KB): its one-shot rows
+// hold 61-86 KB an SM; those under 95% gained 0.5-6 points (LN bf16 2304:
+// 86 -> 91), the others moved -0.9 to +0.6.  An H100 (63 KB) takes fewer.
+constexpr int64_t kFwdPrefetchNs = 2500;
+constexpr int kFwdPrefetchRoundParts = 4;
+inline bool fwd_prefetch(int64_t ctas_per_sm, int64_t cta_row_bytes, const DeviceInfo& dev) {
+  return ctas_per_sm * cta_row_bytes < sm_dram_bytes(dev, kFwdPrefetchNs);
 }
 constexpr int kMaxAccesses = 8;
 // Short rows share a CTA of this many threads, a team of lanes each; longer
