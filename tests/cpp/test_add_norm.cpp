@@ -175,12 +175,15 @@ TEST(AddNormPlan, ForwardPrefetchWhereFewBytesAreInFlight) {
   h100.dram_bytes_per_us = 2 * 2619000LL * 5120 / 8 / 1000;  // 63 KB
   // Seven CTAs of one bf16 row of 3072 with its residual (86 KB an SM, the most an H200's
   // one-shot rows hold) and of 2304 (65 KB): the H200 prefetches both, the H100 neither.
-  EXPECT_TRUE(fwd_prefetch(7, 3072 * 4, h200));
-  EXPECT_TRUE(fwd_prefetch(7, 2304 * 4, h200));
-  EXPECT_FALSE(fwd_prefetch(7, 2304 * 4, h100));
+  EXPECT_TRUE(fwd_prefetch(7, 3072 * 4, 96 * 16, h200));
+  EXPECT_TRUE(fwd_prefetch(7, 2304 * 4, 96 * 16, h200));
+  EXPECT_FALSE(fwd_prefetch(7, 2304 * 4, 96 * 16, h100));
   // Ten CTAs of a bf16 row of 1536 (61 KB): the H100 too.
-  EXPECT_TRUE(fwd_prefetch(10, 1536 * 4, h100));
-  EXPECT_FALSE(fwd_prefetch(1, 64, unknown));  // bandwidth not reported: never
+  EXPECT_TRUE(fwd_prefetch(10, 1536 * 4, 64 * 16, h100));
+  // Teams of 4 lanes of 16 bytes (bf16 128: 32 rows a CTA, 82 KB an SM): less than a line.
+  EXPECT_FALSE(fwd_prefetch(5, 32 * 128 * 4, 4 * 16, h200));
+  EXPECT_TRUE(fwd_prefetch(5, 32 * 128 * 4, 8 * 16, h200));
+  EXPECT_FALSE(fwd_prefetch(1, 64, 128, unknown));  // bandwidth not reported: never
 }
 
 // The CPU kernels against double-precision arithmetic, with residual,

@@ -139,7 +139,8 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     // keeps as many CTAs resident.
     const int64_t res = resident_groups(row_kernel, dev, pl.cta_threads, 1, 0);
     const int64_t cta_row_bytes = rows_per_cta * p.cols * int64_t(sizeof(T) + (p.residual ? sizeof(R) : 0));
-    if (res > 0 && fwd_prefetch((res + dev.sm_count - 1) / dev.sm_count, cta_row_bytes, dev)) {
+    const int team_access_bytes = pl.threads_per_row * VEC * int(sizeof(T));
+    if (res > 0 && fwd_prefetch((res + dev.sm_count - 1) / dev.sm_count, cta_row_bytes, team_access_bytes, dev)) {
       auto prefetching = kernel(kRow{}, std::true_type{});
       if (resident_groups(prefetching, dev, pl.cta_threads, 1, 0) >= res) {
         const int64_t ahead = res / kFwdPrefetchRoundParts;

@@ -68,10 +68,13 @@ inline bool bwd_prefetch(int64_t ctas_per_sm, int cta_threads, int bytes_ahead, 
 // points at full rate, a whole round 20).  H200 (93 KB): its one-shot rows
 // hold 61-86 KB an SM; those under 95% gained 0.5-6 points (LN bf16 2304:
 // 86 -> 91), the others moved -0.9 to +0.6.  An H100 (63 KB) takes fewer.
+// Teams whose access spans less than a 128-byte line take none (bf16 128,
+// 4 lanes of 16 bytes: -10 points).
 constexpr int64_t kFwdPrefetchNs = 2500;
 constexpr int kFwdPrefetchRoundParts = 4;
-inline bool fwd_prefetch(int64_t ctas_per_sm, int64_t cta_row_bytes, const DeviceInfo& dev) {
-  return ctas_per_sm * cta_row_bytes < sm_dram_bytes(dev, kFwdPrefetchNs);
+constexpr int kLineBytes = 128;
+inline bool fwd_prefetch(int64_t ctas_per_sm, int64_t cta_row_bytes, int team_access_bytes, const DeviceInfo& dev) {
+  return team_access_bytes >= kLineBytes && ctas_per_sm * cta_row_bytes < sm_dram_bytes(dev, kFwdPrefetchNs);
 }
 constexpr int kMaxAccesses = 8;
 // Short rows share a CTA of this many threads, a team of lanes each; longer
