@@ -520,7 +520,10 @@ def test_rows_walked_by_row_groups(kind, dtype, hidden, p, seed, rows=37):
 # The pair kernel is the cluster mode's (1) with kPair true; the prefetching one has kPrefetch true.
 _MODE_NAMES = {"group": ("Mode)2", "ModeE2E"), "split": ("Mode)3", "ModeE3E", "Mode)4", "ModeE4E"),
                "pairs": ("Mode)1, true, false>", "ModeE1ELb1ELb0E"),
-               "prefetch": ("false, true>", "ELb0ELb1E")}
+               "prefetch": ("false, true>", "ELb0ELb1E"),
+               # forward, p = 0: kDropout false, kWhole either, kPrefetch true
+               "fwd_prefetch": ("Mode)0, false, false, true>", "Mode)0, false, true, true>",
+                                "ModeE0ELb0ELb0ELb1E", "ModeE0ELb0ELb1ELb1E")}
 _NOT_NAMES = {"no_prefetch": _MODE_NAMES["prefetch"]}
 
 
@@ -566,7 +569,8 @@ def test_rows_take_their_strategy(dtype, hidden, strategy, directions, seed):
         if strategy in _NOT_NAMES:
             assert not any(m in n for n in ran for m in _NOT_NAMES[strategy]), f"{direction}: {sorted(set(ran))}"
         else:
-            assert all(any(m in n for m in _MODE_NAMES[strategy]) for n in ran), f"{direction}: {sorted(set(ran))}"
+            names_of = _MODE_NAMES["fwd_prefetch" if (strategy, direction) == ("prefetch", "fwd") else strategy]
+            assert all(any(m in n for m in names_of) for n in ran), f"{direction}: {sorted(set(ran))}"
 
 
 @requires_cuda

@@ -66,8 +66,9 @@ inline bool bwd_prefetch(int64_t ctas_per_sm, int cta_threads, int bytes_ahead, 
 // also asks L2 for the rows of the CTA a quarter round of resident CTAs later
 // (further ahead, the lines were evicted before use: half a round lost 4
 // points at full rate, a whole round 20).  H200 (93 KB): its one-shot rows
-// hold 61-86 KB an SM; those under 95% gained 0.5-6 points (LN bf16 2304:
-// 86 -> 91), the others moved -0.9 to +0.6.  An H100 (63 KB) takes fewer.
+// hold 61-86 KB an SM; its cells under 95% of copy gained 0.5-6 points (LN
+// bf16 2304: 86 -> 91), the others moved -0.9 to +0.6.  An H100 (63 KB)
+// takes fewer.
 // Teams whose access spans less than a 128-byte line take none (bf16 128,
 // 4 lanes of 16 bytes: -10 points).
 constexpr int64_t kFwdPrefetchNs = 2500;
