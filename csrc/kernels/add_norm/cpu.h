@@ -63,6 +63,28 @@ inline void with_flags(bool a, bool b, bool c, bool d, F&& f) {
   });
 }
 
+// xhat = (h - mean) * rstd and g = dy * w of a row and, where pw is given,
+// the row's terms of the weight gradients added into a chunk's partial rows.
+// The pointers are __restrict parameters, which GCC honors (on local
+// pointers it did not, and this loop ran scalar).
+template <typename A, typename R, typename T>
+inline void bwd_row_terms(const R* __restrict h, const T* __restrict dy, const A* __restrict w, int64_t n, A mean,
+                          A rstd, A* __restrict xhat, A* __restrict g, A* __restrict pw, A* __restrict pb) {
+  if (pw)
+    for (int64_t i = 0; i < n; ++i) {
+      const A d = load_as<A>(dy[i]);
+      xhat[i] = (load_as<A>(h[i]) - mean) * rstd;
+      g[i] = d * w[i];
+      pw[i] += d * xhat[i];
+      pb[i] += d;
+    }
+  else
+    for (int64_t i = 0; i < n; ++i) {
+      xhat[i] = (load_as<A>(h[i]) - mean) * rstd;
+      g[i] = load_as<A>(dy[i]) * w[i];
+    }
+}
+
 }  // namespace add_norm_detail
 
 template <typename T, typename W, typename R, typename ParallelFor>
@@ -154,19 +176,7 @@ void add_norm_bwd(const AddNormBwdParams& p, ParallelFor&& parallel_for) {
         const T* __restrict dy = static_cast<const T*>(p.dy) + r * p.dy_stride;
         const A mean = p.rms ? A(0) : static_cast<const A*>(p.mean)[r];
         const A rstd = static_cast<const A*>(p.rstd)[r];
-        if (pw)
-          for (int64_t i = 0; i < n; ++i) {
-            const A d = load_as<A>(dy[i]);
-            xhat[i] = (load_as<A>(hr[i]) - mean) * rstd;
-            g[i] = d * w[i];
-            pw[i] += d * xhat[i];
-            pb[i] += d;
-          }
-        else
-          for (int64_t i = 0; i < n; ++i) {
-            xhat[i] = (load_as<A>(hr[i]) - mean) * rstd;
-            g[i] = load_as<A>(dy[i]) * w[i];
-          }
+        bwd_row_terms(hr, dy, w, n, mean, rstd, xhat, g, pw, pb);
         A sum_g, sum_gx;
         lane_sum2<A>(n, [&](int64_t i) { return g[i]; }, [&](int64_t i) { return g[i] * xhat[i]; }, sum_g, sum_gx);
         const A c_g = p.rms ? A(0) : sum_g / A(n), c_gx = sum_gx / A(n);
