@@ -483,13 +483,7 @@ def test_backward_rows_prefetched(kind, dtype, hidden, p, rows, seed):
     number of rows, each CTA walking several (777) or at most one (3), with dh in: dx,
     dresidual and the weight gradients against float64.  Where the rule takes no prefetch
     (an H100) the same rows run the kernel without it."""
-    x, r, w, b, dy, dh = _inputs((rows, hidden), dtype, "cuda", seed, kind=kind)
-    xl, rl, wl, bl = _leaves(x, r, w, b)
-    torch.manual_seed(seed)
-    kw = {"return_dropout_mask": True} if p else {}
-    out = _run(kind, xl, rl, wl, bl, 1e-5, dropout_p=p, weight_offset=0.25, return_residual=True, **kw)
-    y, h, mask = out if p else (*out, None)
-    _backward_against_float64(kind, (x, r, w, b, dy, dh), (xl, rl, wl, bl), y, h, mask, p)
+    test_backward_rows_in_pairs(kind, dtype, hidden, p, rows, seed)
 
 
 @requires_cuda

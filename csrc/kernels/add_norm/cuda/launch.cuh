@@ -82,7 +82,8 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     };
     using kRow = std::integral_constant<Mode, Mode::kRow>;
     auto row_kernel = kernel(kRow{}, std::false_type{});
-    if (one_cta_row(pl) && resident_groups(row_kernel, dev, pl.cta_threads, 1, 0) < kFwdMinRowCtas * dev.sm_count) {
+    const int64_t row_res = pl.strategy == Strategy::kRow ? resident_groups(row_kernel, dev, pl.cta_threads, 1, 0) : 0;
+    if (one_cta_row(pl) && row_res < kFwdMinRowCtas * dev.sm_count) {
       pl = walking_plan(pl);
       lay = Layout{pl.threads_per_row, 1, 1};
     }
@@ -137,7 +138,7 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     // Rows taken once ask L2 for later CTAs' rows where the rows resident
     // CTAs hold are too few bytes an SM (plan.h) and the prefetching kernel
     // keeps as many CTAs resident.
-    const int64_t res = resident_groups(row_kernel, dev, pl.cta_threads, 1, 0);
+    const int64_t res = row_res;
     const int64_t cta_row_bytes = rows_per_cta * p.cols * int64_t(sizeof(T) + (p.residual ? sizeof(R) : 0));
     const int team_access_bytes = pl.threads_per_row * VEC * int(sizeof(T));
     if (res > 0 && fwd_prefetch((res + dev.sm_count - 1) / dev.sm_count, cta_row_bytes, team_access_bytes, dev)) {

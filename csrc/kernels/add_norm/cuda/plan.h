@@ -53,8 +53,8 @@ constexpr int bwd_registers(int x_bytes, int elems, bool pairs) { return pairs |
 // row's dh in flight while a row reduces.  Where those come to fewer bytes an
 // SM (resident CTAs x threads x bytes a thread) than the SM's share of the
 // DRAM bandwidth moves in a loaded DRAM latency (Little's law), each thread
-// also asks L2 for the row after.  H200 (37 KB a microsecond an SM): 27-31 KB gained 2-9
-// points, 43-49 KB prefetching lost up to 15; an H100's 25 KB takes none.
+// also asks L2 for the row after; with more in flight the prefetch only adds
+// traffic (docs/design.md has the H200 runs that set the latency).
 constexpr int64_t kDramLatencyNs = 1000;
 inline int64_t sm_dram_bytes(const DeviceInfo& dev, int64_t ns) { return dev.dram_bytes_per_us * ns / 1000 / dev.sm_count; }
 inline bool bwd_prefetch(int64_t ctas_per_sm, int cta_threads, int bytes_ahead, const DeviceInfo& dev) {
@@ -63,14 +63,10 @@ inline bool bwd_prefetch(int64_t ctas_per_sm, int cta_threads, int bytes_ahead, 
 // Forward rows a CTA takes once (no walk) load their x and residual, then
 // reduce and store with nothing in flight.  Where the rows resident CTAs hold
 // come to fewer bytes an SM than its DRAM share over kFwdPrefetchNs, each CTA
-// also asks L2 for the rows of the CTA a quarter round of resident CTAs later
-// (further ahead, the lines were evicted before use: half a round lost 4
-// points at full rate, a whole round 20).  H200 (93 KB): its one-shot rows
-// hold 61-86 KB an SM; its cells under 95% of copy gained 0.5-6 points (LN
-// bf16 2304: 86 -> 91), the others moved -0.9 to +0.6.  An H100 (63 KB)
-// takes fewer.
-// Teams whose access spans less than a 128-byte line take none (bf16 128,
-// 4 lanes of 16 bytes: -10 points).
+// also asks L2 for the rows of the CTA a quarter round of resident CTAs later:
+// further ahead, L2 evicts the lines before they are used.  Teams whose access
+// spans less than a 128-byte line take none: each line is asked for twice.
+// The H200 runs behind both numbers are in docs/design.md.
 constexpr int64_t kFwdPrefetchNs = 2500;
 constexpr int kFwdPrefetchRoundParts = 4;
 constexpr int kLineBytes = 128;
