@@ -178,29 +178,31 @@ def test_noncontiguous_expand_hidden_gives_constant_rows(device, seed):
     check(inp)
 
 
-# The CPU backend only, for now: the plain CUDA kernels form xhat as
-# fma(x, rstd, -mean * rstd), which for x == mean leaves the rounding error of
-# mean * rstd (rstd = eps^-1/2 = 316 here), ~1e-4 (docs/design.md, Open); the
-# fused family's CUDA kernels form (x - mean) * rstd and pass (test_add_norm.py).
-@pytest.mark.parametrize("hidden", [256, 4096, 12288, 20480, 32768, 65536, 300000])
+# Sizes that take each CUDA forward: rows of a warp or less (64, 256; 1001 the
+# scalar kernels), registers of one CTA (4096), the re-reading kernel (12288
+# fp32), clusters (32768, 65536), row groups (131072, 262144) and split rows
+# (300000; sm_90 sizes, other GPUs take other paths).  16-bit x with fp32
+# weight and bias takes the kernels without the shifted one-pass sums.
+@pytest.mark.parametrize("hidden", [64, 256, 1001, 4096, 12288, 20480, 32768, 65536, 131072, 262144, 300000])
 @pytest.mark.parametrize("value", [3.1, -1000.3])
-def test_layer_norm_constant_rows_give_the_bias(hidden, value):
+@pytest.mark.parametrize("dtype,weight_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                (torch.bfloat16, torch.float32)], ids=["fp32", "bf16", "bf16-fp32w"])
+def test_layer_norm_constant_rows_give_the_bias(hidden, value, dtype, weight_dtype, device):
     """A constant row has zero variance, so xhat = 0 and y is the bias to fp32
     rounding, as torch's Welford statistics give it; statistics that leave the
-    mean an ulp off (a sum of n copies of 3.1 is not n * 3.1) would give
-    (x - mean) * rstd of ~1e-4 instead."""
+    mean an ulp off (a sum of n copies of 3.1 is not n * 3.1), or xhat formed
+    as x * rstd - mean * rstd, would give ~1e-4 instead (rstd = 316)."""
     import fused_layernorm as fl
 
-    device = "cpu"
-
     rows = max(4, (1 << 20) // hidden)
-    x = torch.full((rows, hidden), value, device=device)
+    x = torch.full((rows, hidden), value, device=device, dtype=dtype)
     gen = generator(hidden)
-    w = randn((hidden,), dtype=torch.float32, device=device, gen=gen)
-    b = randn((hidden,), dtype=torch.float32, device=device, gen=gen)
+    w = randn((hidden,), dtype=weight_dtype, device=device, gen=gen)
+    b = randn((hidden,), dtype=weight_dtype, device=device, gen=gen)
     y = fl.layer_norm(x, [hidden], w, b)
-    err = (y - b).abs().max().item()
-    assert err <= 4 * torch.finfo(torch.float32).eps * b.abs().max().item(), f"max |y - bias| {err:.3e}"
+    expect = b.to(dtype).float()  # y is the bias, rounded once to y's dtype
+    err = (y.float() - expect).abs().max().item()
+    assert err <= 4 * torch.finfo(torch.float32).eps * expect.abs().max().item(), f"max |y - bias| {err:.3e}"
 
 
 # --- numerical stability and eps ---------------------------------------------

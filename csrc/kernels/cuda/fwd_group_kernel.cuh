@@ -5,21 +5,24 @@
 //
 // - The compute warps copy their rows' x into a ring of STAGES buffers in
 //   shared memory (cp.async, each thread its own slots, AHEAD rows ahead),
-//   and reduce each row per warp: the warp's sum and its sum of squares
-//   about the warp's own mean (exact, two shuffle reductions over the
-//   registers), handed to the exchange warp through shared memory and an
-//   mbarrier.  RMSNorm: the sum of squares of x alone.
+//   and reduce each row per warp: the warp's mean (its first element plus
+//   the mean of x less it) and its sum of squares about that mean (exact,
+//   two shuffle reductions over the registers), handed to the exchange warp
+//   through shared memory and an mbarrier.  RMSNorm: the sum of squares of x
+//   alone.
 // - The exchange warp merges the warps' pairs into the CTA's (Chan's parallel
-//   variance: M2 = sum over parts of M2_k + c_k (mean_k - mean)^2, with the
-//   parts' element counts c_k known from the layout), publishes them in its
+//   variance: mean = mean_0 + sum over parts of c_k (mean_k - mean_0) / c,
+//   M2 = sum of M2_k + c_k (mean_k - mean)^2, with the parts' element counts
+//   c_k known from the layout), publishes them in its
 //   slot, collects the group's G pairs of an earlier row and merges them the
 //   same way into the row's mean and rstd, which it hands back through an
 //   mbarrier (and stores, in the group's first CTA, where the caller wants
 //   the statistics).
 // - The compute warps write y of a row LAG rows after they summed it, so the
 //   exchange overlaps the next rows' copies and sums.
-// No shifted sums and no second pass: each part's variance is about its own
-// mean.  Every sum has a fixed order, so y is bitwise reproducible.
+// No second pass: each part's variance is about its own mean.  A constant
+// row gets its value as every mean and zero variance (then xhat = 0,
+// fwd_kernel.cuh).  Every sum has a fixed order, so y is bitwise reproducible.
 #pragma once
 #include "group_xchg.cuh"
 #include "../params.h"
@@ -36,7 +39,7 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
   constexpr int NB = LAG + 1;  // shared exchange buffers: a row's are reused NB rows later
   static_assert(LAG >= 1 && AHEAD >= 1, "a row in flight and a row between sums and y");
   constexpr int kSlotsPerLane = kMaxGroupCtas / 32;
-  __shared__ GroupHandoff<NB> ho;  // totals: mean, rstd
+  __shared__ GroupHandoff<NB> ho;  // totals: mean, rstd (0 for zero variance)
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   const uint32_t stage_base = smem_addr(dyn_smem);
 
@@ -59,10 +62,10 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
     }
     return A(c);
   };
-  // Adds part k, (sum s_k, squares m_k about its mean, c_k elements), to M2
-  // about `mean`: m_k + c_k (s_k / c_k - mean)^2.
-  auto merged = [](A s, A m, A c, A mean) {
-    const A d = c > 0 ? s / c - mean : A(0);
+  // Part k's (mean_k, squares m_k about it, c_k elements) share of M2 about
+  // `mean`: m_k + c_k (mean_k - mean)^2.
+  auto merged = [](A mean_k, A m, A c, A mean) {
+    const A d = mean_k - mean;
     return m + c * d * d;
   };
   if (tid == 0) ho.init(nwarps);
@@ -77,24 +80,27 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
     for (int h = 0; h < kSlotsPerLane; ++h) c_slot[h] = lane + 32 * h < G ? held(lane + 32 * h, 0, tpr) : A(0);
     auto publish = [&](int64_t j) {
       const A(*ws)[2] = ho.wait_sums(j);
-      const A s = wl < nwarps ? ws[wl][0] : A(0), m = wl < nwarps ? ws[wl][1] : A(0);
-      const A s_cta = butterfly_sum<16>(s);
-      const A m_cta = butterfly_sum<16>(merged(s, m, c_warp, c_cta > 0 ? s_cta / c_cta : A(0)));
-      if (lane == 0) group_publish(slots, G, rank, j, s_cta, m_cta);
+      const A mw = wl < nwarps ? ws[wl][0] : A(0), m = wl < nwarps ? ws[wl][1] : A(0);
+      const A m0 = __shfl_sync(0xffffffffu, mw, 0);  // warp 0's mean
+      const A d = butterfly_sum<16>(c_warp * (mw - m0));
+      const A mean_cta = c_cta > 0 ? m0 + d / c_cta : A(0);
+      const A m_cta = butterfly_sum<16>(merged(mw, m, c_warp, mean_cta));
+      if (lane == 0) group_publish(slots, G, rank, j, mean_cta, m_cta);
     };
     auto collect = [&](int64_t j) {
       float2 got[kSlotsPerLane];
       group_poll(slots, G, j, lane, got);
+      const A m0 = __shfl_sync(0xffffffffu, got[0].x, 0);  // CTA 0's mean
       A s = 0;
 #pragma unroll
-      for (int h = 0; h < kSlotsPerLane; ++h) s += got[h].x;  // zeros past G
-      const A mean = p.rms ? A(0) : butterfly_sum<32>(s) * inv_n;
+      for (int h = 0; h < kSlotsPerLane; ++h) s += c_slot[h] * (got[h].x - m0);  // zeros past G
+      const A mean = p.rms ? A(0) : m0 + butterfly_sum<32>(s) * inv_n;
       A m = 0;
 #pragma unroll
       for (int h = 0; h < kSlotsPerLane; ++h) m += merged(got[h].x, got[h].y, c_slot[h], mean);
-      const A rstd = rsqrt_acc(butterfly_sum<32>(m) * inv_n + A(p.eps));
+      const A var = butterfly_sum<32>(m) * inv_n, rstd = rsqrt_acc(var + A(p.eps));
       if (lane == 0) {
-        ho.put_totals(j, mean, rstd);
+        ho.put_totals(j, mean, var == A(0) ? A(0) : rstd);
         if (rank == 0) {
           if (p.mean) static_cast<A*>(p.mean)[row_of(j)] = mean;
           if (p.rstd) static_cast<A*>(p.rstd)[row_of(j)] = rstd;
@@ -138,15 +144,20 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
         if (col(i) < n) x[i] = load_shared16<T, VEC>(slot(s, i));
         else x[i].zero();
       }
-      A sum = 0;
+      A mean_w = 0;
       if (!p.rms) {
+        // Lane 0 holds the warp's first element wherever the warp holds any.
+        const A k0 = __shfl_sync(0xffffffffu, to_acc(x[0].get(0)), 0);
+        A sum = 0;
 #pragma unroll
-        for (int i = 0; i < NV; ++i)
+        for (int i = 0; i < NV; ++i) {
+          if (col(i) >= n) continue;  // padding: zeros, not x - k0
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) sum += x[i].get(k);  // padding: zeros
+          for (int k = 0; k < VEC; ++k) sum += x[i].get(k) - k0;
+        }
         sum = butterfly_sum<32>(sum);
+        mean_w = c_warp > 0 ? k0 + sum / c_warp : A(0);
       }
-      const A mean_w = c_warp > 0 ? sum / c_warp : A(0);
       A m2 = 0;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -158,20 +169,20 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
         }
       }
       m2 = butterfly_sum<32>(m2);
-      if (lane == 0) ho.put_sums(j, warp, sum, m2);
+      if (lane == 0) ho.put_sums(j, warp, mean_w, m2);
     }
     if (j >= LAG) {
       const int64_t jj = j - LAG, row = row_of(jj);
       const int s = int(jj % STAGES);
       const A* tot = ho.wait_totals(jj);
-      const A rstd = tot[1], shift = -tot[0] * rstd;
+      const A scale = tot[1], shift = -tot[0] * scale;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         if (col(i) >= n) continue;
         const Frag<T, VEC> x = load_shared16<T, VEC>(slot(s, i));
         A y[VEC];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) y[k] = (x.get(k) * rstd + shift) * w[i * VEC + k] + bias[i * VEC + k];
+        for (int k = 0; k < VEC; ++k) y[k] = (x.get(k) * scale + shift) * w[i * VEC + k] + bias[i * VEC + k];
         store_vec(static_cast<T*>(p.y) + row * n + col(i), y);
       }
     }

@@ -87,10 +87,12 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // the rounding of sum(d^2) by 1 + (mean - K)^2 / var, so a row whose (mean -
 // K)^2 exceeds kMaxShiftRatio * var (K an outlier), or whose var is not
 // finite, takes a second pass, sum((x - mean)^2) over the registers, as
-// the excluded kernels always do: the scalar kernels, the 128-byte fp32
-// threads, and weights wider than x or x wider than 4 bytes (these spill with
-// both paths, and ran slower with one reduction).  Elsewhere one reduction
-// instead of two measured faster.
+// the excluded kernels always do after a mean from the sum of x - x[0]: the
+// scalar kernels, the 128-byte fp32 threads, and weights wider than x or x
+// wider than 4 bytes (these spill with both paths, and ran slower with one
+// reduction).  Elsewhere one reduction instead of two measured faster.
+// Every mean of a constant row is its value (K = 0 takes the sum of x - x[0]
+// again: a sum of n copies of 3.1 is not n * 3.1) and its variance is 0.
 constexpr float kMaxShiftRatio = 8;
 
 // inv_n is 1 / cols, rounded once on the host.  The statistics multiply by
@@ -278,6 +280,29 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
       else return xr[i];
     };
     // Partials: one per access, added in order (NV independent chains).
+    // A reduction of the sum of x - c (squared: of (x - c)^2) over the row,
+    // divided by n; `centered` skips the padding (zeros, not x - c), which
+    // RMSNorm's sum(x^2) (c = 0) needs no test for.
+    auto row_mean_of = [&](auto centered, auto squared, A c) {
+      A q[1] = {0};
+#pragma unroll kUnroll
+      for (int i = 0; i < NV; ++i) {
+        const bool valid = col(i) < n;
+        if (X_SMEM && (!live || !valid)) continue;  // unwritten slots
+        if (centered() && !valid) continue;
+        const Frag<T, VEC> xi = x(i);
+        A qi = 0;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A d = centered() ? xi.get(k) - c : xi.get(k);
+          qi += squared() ? d * d : d;
+        }
+        q[0] += qi;
+      }
+      stage_next(q[0], q[0]);
+      red.reduce(q, token, carry());
+      return q[0] * inv_n;
+    };
     A mean = 0, var = 0;
     bool exact = true;  // var from a second pass, sum((x - mean)^2)
     if (!p.rms) {
@@ -310,47 +335,19 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
         // a warp or a CTA must also agree before the shuffles or barrier.
         exact = !(dm * dm <= A(kMaxShiftRatio) * var && var < A(INFINITY));  // also NaN, overflow
         if (rpc > 1) exact = tpr > 32 ? __syncthreads_or(exact) : __any_sync(0xffffffffu, exact);
-      } else {
-        A s[1] = {0};
-#pragma unroll kUnroll
-        for (int i = 0; i < NV; ++i) {
-          if (X_SMEM && (!live || col(i) >= n)) continue;  // unwritten slots
-          const Frag<T, VEC> xi = x(i);
-          A si = 0;
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) si += xi.get(k);
-          s[0] += si;
+        // K = 0 leaves such a mean a rounding off (n copies of 3.1 do not
+        // sum to n * 3.1): it comes again from the sum shifted by x[0].
+        if (kZeroK && exact) {
+          const A k = live ? to_acc(xrow[0]) : A(0);
+          mean = k + row_mean_of(std::true_type{}, std::false_type{}, k);
         }
-        stage_next(s[0], s[0]);
-        red.reduce(s, token, carry());
-        mean = s[0] * inv_n;
+      } else {
+        mean = k0 + row_mean_of(std::true_type{}, std::false_type{}, k0);
       }
     }
     if (exact) {  // uniform: see above
-      // sum((x - mean)^2); RMSNorm's sum(x^2) without the subtraction of 0,
-      // and there the register padding (zeros) needs no test.
-      auto sum_sq = [&](auto centered) {
-        A q[1] = {0};
-#pragma unroll kUnroll
-        for (int i = 0; i < NV; ++i) {
-          const bool valid = col(i) < n;
-          if (X_SMEM && (!live || !valid)) continue;  // unwritten slots
-          if (centered() && !valid) continue;  // padding: zeros, not x - mean
-          const Frag<T, VEC> xi = x(i);
-          A qi = 0;
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            const A d = centered() ? xi.get(k) - mean : xi.get(k);
-            qi += d * d;
-          }
-          q[0] += qi;
-        }
-        stage_next(q[0], q[0]);
-        red.reduce(q, token, carry());
-        var = q[0] * inv_n;
-      };
-      if (p.rms) sum_sq(std::false_type{});
-      else sum_sq(std::true_type{});
+      if (p.rms) var = row_mean_of(std::false_type{}, std::true_type{}, A(0));
+      else var = row_mean_of(std::true_type{}, std::true_type{}, mean);
     }
     const A rstd = rsqrt_acc(var + A(p.eps));
     if (tickets) step2 = 3 * ngroups + token - int(base + step1);  // clusters: rpc = 1
@@ -364,7 +361,10 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
     // and a product (the loop is bound by issued instructions).  Rounding
     // mean * rstd adds half an fp32 ulp of |mean| * rstd to xhat: no more
     // than the rounding an fp32 x near the mean already carries.
-    const A shift = -mean * rstd;
+    // A row of zero variance (constant: every sum above is exact for it)
+    // gets xhat = 0, y the bias; the FMA would leave the rounding of mean * rstd.
+    const A scale = var == A(0) ? A(0) : rstd;
+    const A shift = -mean * scale;
     T* yrow = static_cast<T*>(p.y) + row * p.cols;
     // One loop per weight / bias combination (uniform for the launch), so no
     // access tests the pointers.
@@ -388,7 +388,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
         A y[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A xh = xi.get(k) * rstd + shift;
+          const A xh = xi.get(k) * scale + shift;
           y[k] = affine(has_w, has_b, xh, w, b, k);
         }
         store_vec(yrow + c, y);

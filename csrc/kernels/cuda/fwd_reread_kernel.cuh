@@ -17,8 +17,9 @@
 //
 // Statistics: sums of x and x^2 in one reduction, as the register kernels'
 // shifted sums with K = 0 (fwd_kernel.cuh), and a row whose mean^2 passes
-// kMaxShiftRatio * var, or whose var is not finite, takes a third walk for
-// sum((x - mean)^2).  Every sum adds in a fixed order: bitwise reproducible.
+// kMaxShiftRatio * var, or whose var is not finite, takes two more walks:
+// the mean from sums of x - x[0], then sum((x - mean)^2).  Every sum adds in
+// a fixed order: bitwise reproducible.
 #pragma once
 #include "common.cuh"
 #include "fwd_kernel.cuh"
@@ -79,8 +80,8 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
     const T* __restrict__ xrow = static_cast<const T*>(p.x) + row * p.x_stride;
     // One walk over the row for its sums, kRereadLoads accesses a thread at
     // a time (NV > 0: all NV), each valid access handed to f; the lines stay
-    // in L1.  LayerNorm's exact third walk (below) loads without allocating
-    // in L1 (the lines are there already), so that its loads differ from the
+    // in L1.  LayerNorm's exact walks (below) load without allocating
+    // in L1 (the lines are there already), so that their loads differ from the
     // first walk's: the compiler otherwise keeps the first walk's fragments
     // for it, and LayerNorm's straight-line rows ran slower.
     auto walk = [&](auto f, auto third) {
@@ -138,8 +139,21 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
       cta_sum(v, sm, parity);
       mean = v[0] * inv_n;
       var = v[1] * inv_n - mean * mean;
-      // Identical in every thread of the CTA: the third walk is uniform.
+      // Identical in every thread of the CTA: the exact walks are uniform.
       if (!(mean * mean <= A(kMaxShiftRatio) * var && var < A(INFINITY))) {
+        // The mean again from sums shifted by x[0] (exact for a constant
+        // row, which always comes here), then sum((x - mean)^2).
+        const A k0 = to_acc(xrow[0]);
+        A s0 = 0;
+        walk([&](const Frag<T, VEC>& x) {
+          A a = 0;
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) a += x.get(k) - k0;
+          s0 += a;
+        }, std::true_type{});
+        A m[1] = {s0};
+        cta_sum(m, sm, parity);
+        mean = k0 + m[0] * inv_n;
         A s3 = 0;
         walk([&](const Frag<T, VEC>& x) {
           A a = 0;
@@ -157,9 +171,11 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
       if (p.mean) static_cast<A*>(p.mean)[row] = mean;
       if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
     }
-    // y = x * rstd + (-mean * rstd), then weight and bias (fwd_kernel.cuh);
-    // weight and bias of x's width stay in L1 for the SM's other rows.
-    const A shift = -mean * rstd;
+    // y = x * rstd + (-mean * rstd), then weight and bias (fwd_kernel.cuh;
+    // rstd 0 for a row of zero variance); weight and bias of x's width stay
+    // in L1 for the SM's other rows.
+    const A scale = var == A(0) ? A(0) : rstd;
+    const A shift = -mean * scale;
     T* __restrict__ yrow = static_cast<T*>(p.y) + row * p.cols;
     auto write_row = [&](auto has_w, auto has_b) {
       // Access c of the row: x again (from L1), weight and bias, y.
@@ -172,7 +188,7 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
         A y[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A xh = xi.get(k) * rstd + shift;
+          const A xh = xi.get(k) * scale + shift;
           y[k] = affine(has_w, has_b, xh, w, b, k);
         }
         store_vec(yrow + at(c), y);

@@ -9,11 +9,11 @@
 // register kernel (fwd_kernel.cuh), one row of up to 64 bytes a thread,
 // re-reads weight and bias for every row, which dominates its loads there.
 //
-// Statistics: LayerNorm takes two passes over the registers, the sum for the
-// mean and then sum((x - mean)^2), which is exact without the general
-// kernel's shift and fallback test; RMSNorm one, sum(x^2).  Every sum adds in
-// a fixed order (a butterfly over the row's lanes), so the results are
-// bitwise reproducible.
+// Statistics: LayerNorm takes two passes over the registers, the sum of
+// x - x[0] for the mean (exact for a constant row) and then sum((x -
+// mean)^2), which is exact without the general kernel's fallback test;
+// RMSNorm one, sum(x^2).  Every sum adds in a fixed order (a butterfly over
+// the row's lanes), so the results are bitwise reproducible.
 #pragma once
 #include "common.cuh"
 #include "../params.h"
@@ -75,19 +75,21 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
         for (int k = 0; k < VEC; ++k) x[r][i][k] = f.get(k);
       }
 
-    A mean[R], rstd[R];
+    A mean[R], var[R];
     if (!p.rms) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
+        // The row's first element, from its first lane.
+        const A k0 = __shfl_sync(0xffffffffu, x[r][0][0], lane & ~(LANES - 1));
         A s = 0;
 #pragma unroll
-        for (int i = 0; i < NV; ++i)
+        for (int i = 0; i < NV; ++i) {
+          if (!valid(i)) continue;  // padding: zeros, not x - x[0]
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) s += x[r][i][k];  // padding: zeros
-        mean[r] = s;
+          for (int k = 0; k < VEC; ++k) s += x[r][i][k] - k0;
+        }
+        mean[r] = k0 + butterfly_sum<LANES>(s) * inv_n;
       }
-#pragma unroll
-      for (int r = 0; r < R; ++r) mean[r] = butterfly_sum<LANES>(mean[r]) * inv_n;
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -101,17 +103,20 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
           q += d * d;
         }
       }
-      rstd[r] = q;
+      var[r] = q;
     }
 #pragma unroll
-    for (int r = 0; r < R; ++r) rstd[r] = rsqrt_acc(butterfly_sum<LANES>(rstd[r]) * inv_n + A(p.eps));
+    for (int r = 0; r < R; ++r) var[r] = butterfly_sum<LANES>(var[r]) * inv_n;
+    A scale[R];  // rstd, or 0 for a row of zero variance (xhat = 0: fwd_kernel.cuh)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+      const A rstd = rsqrt_acc(var[r] + A(p.eps));
+      scale[r] = var[r] == A(0) ? A(0) : rstd;
       if (p.rms) mean[r] = 0;
       if (l == 0 && live(r)) {
         const int64_t row = row0 + r * SLOTS;
         if (p.mean) static_cast<A*>(p.mean)[row] = mean[r];
-        if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd[r];
+        if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
       }
     }
 
@@ -133,11 +138,11 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           if (!live(r)) continue;
-          const A shift = -mean[r] * rstd[r];
+          const A shift = -mean[r] * scale[r];
           A y[VEC];
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            const A xh = x[r][i][k] * rstd[r] + shift;
+            const A xh = x[r][i][k] * scale[r] + shift;
             y[k] = affine(has_w, has_b, xh, w, b, k);
           }
           store_vec(yrow + r * ystep + i * kStep, y);

@@ -1,7 +1,8 @@
 // Split-row forward, for rows longer than a cluster of 16 CTAs holds (or
 // than one CTA before sm_90).  Each row is cut into column chunks of one CTA each:
-//   1. fwd_split_stats_kernel: per (row, chunk), the chunk's sum and its sum
-//      of squared deviations from the chunk mean (exact two-pass over registers);
+//   1. fwd_split_stats_kernel: per (row, chunk), the chunk's mean (from the
+//      sum of x - x[0], exact for a constant row) and its sum of squared
+//      deviations from that mean (exact two-pass over registers);
 //   2. fwd_split_rowstat_kernel: per row, the chunks merged in chunk order
 //      with Chan's formula (accurate when |mean| >> std), giving mean / rstd;
 //   3. fwd_split_apply_kernel: y per (row, chunk).
@@ -24,16 +25,19 @@ fwd_split_stats_kernel(FwdParams p, int64_t nchunks, acc2_t<dacc_t<T>>* part) {
   const int64_t c = c0 + int64_t(threadIdx.x) * VEC;
   const int64_t count = (n - c0 < int64_t(blockDim.x) * VEC ? n - c0 : int64_t(blockDim.x) * VEC);
   for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    const T* xrow = static_cast<const T*>(p.x) + row * p.x_stride;
     Frag<T, VEC> x;
-    if (c < n) x.load(static_cast<const T*>(p.x) + row * p.x_stride + c);
+    if (c < n) x.load(xrow + c);
     else x.zero();
     A mean = 0;
     if (!p.rms) {
+      const A k0 = to_acc(xrow[0]);
       A s[1] = {0};
+      if (c < n)
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) s[0] += x.get(k);
+        for (int k = 0; k < VEC; ++k) s[0] += x.get(k) - k0;
       red.reduce(s);
-      mean = s[0] / A(count);
+      mean = k0 + s[0] / A(count);
     }
     A q[1] = {0};
     if (c < n)
@@ -54,7 +58,7 @@ __global__ void fwd_split_rowstat_kernel(FwdParams p, const acc2_t<A>* __restric
     const acc2_t<A> s = part[row * nchunks + j];
     const A nb = A(p.cols - j * chunk_cols < chunk_cols ? p.cols - j * chunk_cols : chunk_cols);
     const A delta = s.x - mean, tot = cnt + nb;
-    mean += delta * nb / tot;
+    mean += delta * (nb / tot);  // the first chunk's mean exactly (nb / tot = 1)
     m2 += s.y + delta * delta * cnt * nb / tot;
     cnt = tot;
   }
