@@ -91,8 +91,8 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // scalar kernels, the 128-byte fp32 threads, and weights wider than x or x
 // wider than 4 bytes (these spill with both paths, and ran slower with one
 // reduction).  Elsewhere one reduction instead of two measured faster.
-// Every mean of a constant row is its value (K = 0 takes the sum of x - x[0]
-// again: a sum of n copies of 3.1 is not n * 3.1) and its variance is 0.
+// Every mean of a constant row is its value (K = 0 adds the mean of x - mean
+// to it: a sum of n copies of 3.1 is not n * 3.1) and its variance is 0.
 constexpr float kMaxShiftRatio = 8;
 
 // inv_n is 1 / cols, rounded once on the host.  The statistics multiply by
@@ -257,9 +257,9 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
     // global latency in every row and its register made the 16-bit STAGE
     // kernels spill; rows whose mean is far from 0 take the exact second
     // pass.  The register kernels keep K = x[0] (K = 0 there ran level or
-    // slightly slower).
+    // slightly slower), as do the unshifted kernels' sums for the mean.
     A k0 = 0;
-    if (!kZeroK && kShifted && !p.rms && live) k0 = to_acc(xrow[0]);
+    if (!(kZeroK && kShifted) && !p.rms && live) k0 = to_acc(xrow[0]);
     // STAGE: the next row's copies start once this thread's partial sums
     // hold every value read from its stage slots (the empty asm consumes
     // them), so that no copy overwrites a slot before it is read.
@@ -335,12 +335,10 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
         // a warp or a CTA must also agree before the shuffles or barrier.
         exact = !(dm * dm <= A(kMaxShiftRatio) * var && var < A(INFINITY));  // also NaN, overflow
         if (rpc > 1) exact = tpr > 32 ? __syncthreads_or(exact) : __any_sync(0xffffffffu, exact);
-        // K = 0 leaves such a mean a rounding off (n copies of 3.1 do not
-        // sum to n * 3.1): it comes again from the sum shifted by x[0].
-        if (kZeroK && exact) {
-          const A k = live ? to_acc(xrow[0]) : A(0);
-          mean = k + row_mean_of(std::true_type{}, std::false_type{}, k);
-        }
+        // K = 0 leaves such a mean a few roundings off (n copies of 3.1 do
+        // not sum to n * 3.1): the mean of x - mean corrects it (to the value
+        // itself for a constant row).
+        if (kZeroK && exact) mean += row_mean_of(std::true_type{}, std::false_type{}, mean);
       } else {
         mean = k0 + row_mean_of(std::true_type{}, std::false_type{}, k0);
       }

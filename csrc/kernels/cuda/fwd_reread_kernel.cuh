@@ -18,8 +18,8 @@
 // Statistics: sums of x and x^2 in one reduction, as the register kernels'
 // shifted sums with K = 0 (fwd_kernel.cuh), and a row whose mean^2 passes
 // kMaxShiftRatio * var, or whose var is not finite, takes two more walks:
-// the mean from sums of x - x[0], then sum((x - mean)^2).  Every sum adds in
-// a fixed order: bitwise reproducible.
+// the mean of x - mean added to the mean, then sum((x - mean)^2).  Every sum
+// adds in a fixed order: bitwise reproducible.
 #pragma once
 #include "common.cuh"
 #include "fwd_kernel.cuh"
@@ -141,19 +141,19 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
       var = v[1] * inv_n - mean * mean;
       // Identical in every thread of the CTA: the exact walks are uniform.
       if (!(mean * mean <= A(kMaxShiftRatio) * var && var < A(INFINITY))) {
-        // The mean again from sums shifted by x[0] (exact for a constant
-        // row, which always comes here), then sum((x - mean)^2).
-        const A k0 = to_acc(xrow[0]);
+        // The mean corrected by the mean of x - mean (to the value itself
+        // for a constant row, which always comes here), then sum((x -
+        // mean)^2).
         A s0 = 0;
         walk([&](const Frag<T, VEC>& x) {
           A a = 0;
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) a += x.get(k) - k0;
+          for (int k = 0; k < VEC; ++k) a += x.get(k) - mean;
           s0 += a;
         }, std::true_type{});
         A m[1] = {s0};
         cta_sum(m, sm, parity);
-        mean = k0 + m[0] * inv_n;
+        mean += m[0] * inv_n;
         A s3 = 0;
         walk([&](const Frag<T, VEC>& x) {
           A a = 0;
