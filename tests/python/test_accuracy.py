@@ -182,11 +182,13 @@ def test_noncontiguous_expand_hidden_gives_constant_rows(device, seed):
 # scalar kernels), registers of one CTA (4096), the re-reading kernel (12288
 # fp32), clusters (32768, 65536), row groups (131072, 262144) and split rows
 # (300000; sm_90 sizes, other GPUs take other paths).  16-bit x with fp32
-# weight and bias takes the kernels without the shifted one-pass sums.
+# weight and bias takes the kernels without the shifted one-pass sums; 16-bit
+# rows of 16 KB and more sum x unshifted (fwd_kernel.cuh's snap_mean).
 @pytest.mark.parametrize("hidden", [64, 256, 1001, 4096, 12288, 20480, 32768, 65536, 131072, 262144, 300000])
 @pytest.mark.parametrize("value", [3.1, -1000.3])
 @pytest.mark.parametrize("dtype,weight_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                                (torch.bfloat16, torch.float32)], ids=["fp32", "bf16", "bf16-fp32w"])
+                                                (torch.float16, torch.float16), (torch.bfloat16, torch.float32)],
+                         ids=["fp32", "bf16", "fp16", "bf16-fp32w"])
 def test_layer_norm_constant_rows_give_the_bias(hidden, value, dtype, weight_dtype, device):
     """A constant row has zero variance, so xhat = 0 and y is the bias to fp32
     rounding, as torch's Welford statistics give it; statistics that leave the

@@ -91,8 +91,9 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // scalar kernels, the 128-byte fp32 threads, and weights wider than x or x
 // wider than 4 bytes (these spill with both paths, and ran slower with one
 // reduction).  Elsewhere one reduction instead of two measured faster.
-// Every mean of a constant row is its value (K = 0 adds the mean of x - mean
-// to it: a sum of n copies of 3.1 is not n * 3.1) and its variance is 0.
+// Every mean of a constant row is its value (K = 0: 16-bit rows take
+// common.cuh's snap_mean, 4-byte rows add the mean of x - mean) and its
+// variance is 0.
 constexpr float kMaxShiftRatio = 8;
 
 // inv_n is 1 / cols, rounded once on the host.  The statistics multiply by
@@ -336,9 +337,11 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
         exact = !(dm * dm <= A(kMaxShiftRatio) * var && var < A(INFINITY));  // also NaN, overflow
         if (rpc > 1) exact = tpr > 32 ? __syncthreads_or(exact) : __any_sync(0xffffffffu, exact);
         // K = 0 leaves such a mean a few roundings off (n copies of 3.1 do
-        // not sum to n * 3.1): the mean of x - mean corrects it (to the value
-        // itself for a constant row).
-        if (kZeroK && exact) mean += row_mean_of(std::true_type{}, std::false_type{}, mean);
+        // not sum to n * 3.1), which these bring to a constant row's value.
+        if (kZeroK && exact) {
+          if constexpr (sizeof(T) == 2) mean = snap_mean<T>(mean);
+          else mean += row_mean_of(std::true_type{}, std::false_type{}, mean);
+        }
       } else {
         mean = k0 + row_mean_of(std::true_type{}, std::false_type{}, k0);
       }

@@ -17,9 +17,10 @@
 //
 // Statistics: sums of x and x^2 in one reduction, as the register kernels'
 // shifted sums with K = 0 (fwd_kernel.cuh), and a row whose mean^2 passes
-// kMaxShiftRatio * var, or whose var is not finite, takes two more walks:
-// the mean of x - mean added to the mean, then sum((x - mean)^2).  Every sum
-// adds in a fixed order: bitwise reproducible.
+// kMaxShiftRatio * var, or whose var is not finite, takes a walk for sum((x
+// - mean)^2), after a constant row's mean is brought to its value (16-bit:
+// snap_mean, common.cuh; 4-byte: a walk adding the mean of x - mean).
+// Every sum adds in a fixed order: bitwise reproducible.
 #pragma once
 #include "common.cuh"
 #include "fwd_kernel.cuh"
@@ -141,19 +142,23 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
       var = v[1] * inv_n - mean * mean;
       // Identical in every thread of the CTA: the exact walks are uniform.
       if (!(mean * mean <= A(kMaxShiftRatio) * var && var < A(INFINITY))) {
-        // The mean corrected by the mean of x - mean (to the value itself
-        // for a constant row, which always comes here), then sum((x -
-        // mean)^2).
-        A s0 = 0;
-        walk([&](const Frag<T, VEC>& x) {
-          A a = 0;
+        // A constant row always comes here: its mean to its value
+        // (snap_mean, common.cuh; 4-byte rows add the mean of x - mean),
+        // then sum((x - mean)^2).
+        if constexpr (sizeof(T) == 2) {
+          mean = snap_mean<T>(mean);
+        } else {
+          A s0 = 0;
+          walk([&](const Frag<T, VEC>& x) {
+            A a = 0;
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) a += x.get(k) - mean;
-          s0 += a;
-        }, std::true_type{});
-        A m[1] = {s0};
-        cta_sum(m, sm, parity);
-        mean += m[0] * inv_n;
+            for (int k = 0; k < VEC; ++k) a += x.get(k) - mean;
+            s0 += a;
+          }, std::true_type{});
+          A m[1] = {s0};
+          cta_sum(m, sm, parity);
+          mean += m[0] * inv_n;
+        }
         A s3 = 0;
         walk([&](const Frag<T, VEC>& x) {
           A a = 0;

@@ -9,11 +9,13 @@
 // register kernel (fwd_kernel.cuh), one row of up to 64 bytes a thread,
 // re-reads weight and bias for every row, which dominates its loads there.
 //
-// Statistics: LayerNorm takes two passes over the registers, the sum of
-// x - x[0] for the mean (exact for a constant row) and then sum((x -
-// mean)^2), which is exact without the general kernel's fallback test;
-// RMSNorm one, sum(x^2).  Every sum adds in a fixed order (a butterfly over
-// the row's lanes), so the results are bitwise reproducible.
+// Statistics: LayerNorm takes two passes over the registers, the mean and
+// then sum((x - mean)^2), which is exact without the general kernel's
+// fallback test; RMSNorm one, sum(x^2).  A constant row's mean is its value:
+// 4-byte rows sum x - x[0], 16-bit rows sum x and take snap_mean
+// (common.cuh).
+// Every sum adds in a fixed order (a butterfly over the row's lanes), so the
+// results are bitwise reproducible.
 #pragma once
 #include "common.cuh"
 #include "../params.h"
@@ -79,16 +81,25 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
     if (!p.rms) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        // The row's first element, from its first lane.
-        const A k0 = __shfl_sync(0xffffffffu, x[r][0][0], lane & ~(LANES - 1));
-        A s = 0;
+        if constexpr (sizeof(T) == 2) {
+          A s = 0;
 #pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          if (!valid(i)) continue;  // padding: zeros, not x - x[0]
+          for (int i = 0; i < NV; ++i)
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) s += x[r][i][k] - k0;
+            for (int k = 0; k < VEC; ++k) s += x[r][i][k];  // padding: zeros
+          mean[r] = snap_mean<T>(butterfly_sum<LANES>(s) * inv_n);
+        } else {
+          // The row's first element, from its first lane.
+          const A k0 = __shfl_sync(0xffffffffu, x[r][0][0], lane & ~(LANES - 1));
+          A s = 0;
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            if (!valid(i)) continue;  // padding: zeros, not x - x[0]
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) s += x[r][i][k] - k0;
+          }
+          mean[r] = k0 + butterfly_sum<LANES>(s) * inv_n;
         }
-        mean[r] = k0 + butterfly_sum<LANES>(s) * inv_n;
       }
     }
 #pragma unroll
