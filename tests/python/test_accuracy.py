@@ -178,22 +178,25 @@ def test_noncontiguous_expand_hidden_gives_constant_rows(device, seed):
     check(inp)
 
 
-# Sizes that take each CUDA forward: rows of a warp or less (64, 256; 1001 the
-# scalar kernels), registers of one CTA (4096), the re-reading kernel (12288
-# fp32), clusters (32768, 65536), row groups (131072, 262144) and split rows
-# (300000; sm_90 sizes, other GPUs take other paths).  16-bit x with fp32
-# weight and bias takes the kernels without the shifted one-pass sums; 16-bit
-# rows of 16 KB and more sum x unshifted (fwd_kernel.cuh's snap_mean).
-@pytest.mark.parametrize("hidden", [64, 256, 1001, 4096, 12288, 20480, 32768, 65536, 131072, 262144, 300000])
+# Sizes that take each CUDA forward: rows of a warp or less (64, 256, 1000 with
+# padding; 1001 the scalar kernels), registers of one CTA (4096, 4104 with
+# padding), the re-reading kernel (12288 fp32), clusters (32768, 65536), row
+# groups (131072, 262144) and split rows (300000; sm_90 sizes, other GPUs take
+# other paths).  16-bit x with fp32 weight and bias takes the kernels without
+# the shifted one-pass sums; 16-bit rows of the short-row and re-reading
+# kernels and of 16 KB and more sum x unshifted (common.cuh's snap_center).
+@pytest.mark.parametrize("hidden", [64, 256, 1000, 1001, 4096, 4104, 12288, 20480, 32768, 65536, 131072, 262144,
+                                    300000])
 @pytest.mark.parametrize("value", [3.1, -1000.3])
 @pytest.mark.parametrize("dtype,weight_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                                 (torch.float16, torch.float16), (torch.bfloat16, torch.float32)],
                          ids=["fp32", "bf16", "fp16", "bf16-fp32w"])
 def test_layer_norm_constant_rows_give_the_bias(hidden, value, dtype, weight_dtype, device):
-    """A constant row has zero variance, so xhat = 0 and y is the bias to fp32
-    rounding, as torch's Welford statistics give it; statistics that leave the
-    mean an ulp off (a sum of n copies of 3.1 is not n * 3.1), or xhat formed
-    as x * rstd - mean * rstd, would give ~1e-4 instead (rstd = 316)."""
+    """A constant row has zero variance, so xhat = 0 and y is exactly the bias
+    (rounded once to y's dtype), as torch's Welford statistics give it;
+    statistics that leave the mean an ulp off (a sum of n copies of 3.1 is not
+    n * 3.1), or xhat formed as x * rstd - mean * rstd, would give ~1e-4
+    instead (rstd = 316)."""
     import fused_layernorm as fl
 
     rows = max(4, (1 << 20) // hidden)
@@ -202,9 +205,41 @@ def test_layer_norm_constant_rows_give_the_bias(hidden, value, dtype, weight_dty
     w = randn((hidden,), dtype=weight_dtype, device=device, gen=gen)
     b = randn((hidden,), dtype=weight_dtype, device=device, gen=gen)
     y = fl.layer_norm(x, [hidden], w, b)
-    expect = b.to(dtype).float()  # y is the bias, rounded once to y's dtype
-    err = (y.float() - expect).abs().max().item()
-    assert err <= 4 * torch.finfo(torch.float32).eps * expect.abs().max().item(), f"max |y - bias| {err:.3e}"
+    expect = b.to(dtype).expand_as(y)
+    bad = (y != expect).sum().item()
+    assert bad == 0, f"{bad} elements differ from the bias; max |y - bias| {(y.float() - expect.float()).abs().max():.3e}"
+
+
+# Rows all but constant: the 16-bit kernels that sum x unshifted take their
+# variance about a 16-bit value next to the mean (snap_center); such a row must
+# keep its own mean, not be taken as constant (its elements at the value would
+# then give xhat = 0 instead of about -sqrt(outliers / hidden)).
+@pytest.mark.parametrize("dtype,hidden,outliers,other", [
+    (torch.float16, 1024, 3, 1000.5),    # the short-row kernel
+    (torch.float16, 512, 1, 1000.5),
+    (torch.bfloat16, 16384, 3, 1004.0),  # the re-reading kernel
+    (torch.bfloat16, 65536, 15, 1004.0),  # a staged cluster (K = 0)
+    (torch.float16, 65536, 100, 1000.5),
+], ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else str(v))
+def test_layer_norm_near_constant_rows(dtype, hidden, outliers, other, device):
+    """1000 but for a few elements one 16-bit step above: xhat (weight 1, bias
+    0) matches float64 to the rounding of y and of an fp32 mean near 1000."""
+    import fused_layernorm as fl
+
+    rows = 8
+    x = torch.full((rows, hidden), 1000.0, device=device, dtype=dtype)
+    x[:, 7:7 + outliers] = other
+    w = torch.ones(hidden, device=device, dtype=dtype)
+    b = torch.zeros(hidden, device=device, dtype=dtype)
+    y = fl.layer_norm(x, [hidden], w, b).double()
+    x64 = x.double()
+    mean = x64.mean(-1, keepdim=True)
+    rstd = 1 / torch.sqrt(x64.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    ref = (x64 - mean) * rstd
+    # y's rounding, and 4 fp32 ulps of the mean (2^-23 * 1000 each) times rstd.
+    tol = 2 * torch.finfo(dtype).eps * ref.abs() + 4 * 2.0**-23 * 1000 * rstd
+    err = (y - ref).abs()
+    assert (err <= tol).all(), f"max |y - ref| {err.max():.3e} where the bound is {tol[err > tol].min():.3e}"
 
 
 # --- numerical stability and eps ---------------------------------------------

@@ -56,18 +56,39 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(flo
   return __float2bfloat16_rn(v);
 }
 
-// A LayerNorm mean of 16-bit x from unshifted sums, within 2^-19 of a value
-// of T, taken as that value.  A constant row's sums leave its mean under
-// 2^-21 off (n copies of a 16-bit value sum exactly up to 2^13-2^16 of them),
-// which this restores, so that its variance comes out 0 and xhat 0; for any
-// other row the move, at most 2^-19 |mean|, is under the rounding the sums
-// may carry (about (32 + log2 n) 2^-24 of mean |x|).  No pass over the row:
-// the staged clusters spilled with one more reduction, and a shift by x[0]
-// cost the short-row kernel 2.6 points at bf16 896.
+// s / n rounded once, from inv_n = 1 / n rounded (IEEE division's fast path:
+// a residual and a correction, two FMAs).  A sum of n copies of a 16-bit
+// value is exact up to 2^13 of them, so this gives a constant row's mean as
+// its value where s * inv_n can be an ulp off.
+__device__ __forceinline__ float exact_ratio(float s, float n, float inv_n) {
+  const float q = s * inv_n;
+  return __fmaf_rn(inv_n, __fmaf_rn(-n, q, s), q);
+}
+
+// LayerNorm's variance pass for 16-bit rows whose mean comes from unshifted
+// sums in the K = 0 kernels (staged clusters, shared-memory rows) and the
+// re-reading kernel, rows that can pass the 2^13 elements exact_ratio needs:
+// sum((x - c)^2) about c = snap_center<T>(mean), the 16-bit value within
+// 2^-19 of the mean where there is one, else the mean.  A constant row's sums
+// leave its mean under 2^-21 off, so c is its value and the sum is 0:
+// centered_stats then gives mean c and variance 0 (xhat = 0).  Any other row
+// keeps its summed mean, and var = sum / n - (mean - c)^2 subtracts at most
+// 2^-38 mean^2: a few roundings of var for rows all but constant.  No pass
+// over the row: the staged clusters spilled with one more reduction.
 template <typename T>
-__device__ __forceinline__ float snap_mean(float mean) {
+__device__ __forceinline__ float snap_center(float mean) {
   const float near = to_acc(from_acc<T>(mean));
   return fabsf(mean - near) <= fabsf(mean) * 0x1p-19f ? near : mean;
+}
+// mean and var from the summed mean and the mean square about `center`.
+template <typename A>
+__device__ __forceinline__ void centered_stats(A& mean, A& var, A center, A mean_square) {
+  const A d = mean - center;
+  var = mean_square - d * d;
+  if (mean_square == A(0)) {
+    mean = center;
+    var = A(0);
+  }
 }
 
 __device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }

@@ -91,9 +91,9 @@ __device__ __forceinline__ RowCoords row_coords(const RowLayout& lay) {
 // scalar kernels, the 128-byte fp32 threads, and weights wider than x or x
 // wider than 4 bytes (these spill with both paths, and ran slower with one
 // reduction).  Elsewhere one reduction instead of two measured faster.
-// Every mean of a constant row is its value (K = 0: 16-bit rows take
-// common.cuh's snap_mean, 4-byte rows add the mean of x - mean) and its
-// variance is 0.
+// A constant row's mean is its value and its variance 0 on every path (K = 0:
+// 4-byte rows add the mean of x - mean, 16-bit rows take the second pass
+// about common.cuh's snap_center).
 constexpr float kMaxShiftRatio = 8;
 
 // inv_n is 1 / cols, rounded once on the host.  The statistics multiply by
@@ -305,7 +305,7 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
       return q[0] * inv_n;
     };
     A mean = 0, var = 0;
-    bool exact = true;  // var from a second pass, sum((x - mean)^2)
+    bool exact = true;  // var from a second pass, sum((x - center)^2)
     if (!p.rms) {
       if constexpr (kShifted) {
         // Sums of d = x - K and d^2, K the row's first element, in one
@@ -337,18 +337,21 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
         exact = !(dm * dm <= A(kMaxShiftRatio) * var && var < A(INFINITY));  // also NaN, overflow
         if (rpc > 1) exact = tpr > 32 ? __syncthreads_or(exact) : __any_sync(0xffffffffu, exact);
         // K = 0 leaves such a mean a few roundings off (n copies of 3.1 do
-        // not sum to n * 3.1), which these bring to a constant row's value.
-        if (kZeroK && exact) {
-          if constexpr (sizeof(T) == 2) mean = snap_mean<T>(mean);
-          else mean += row_mean_of(std::true_type{}, std::false_type{}, mean);
-        }
+        // not sum to n * 3.1): 4-byte rows add the mean of x - mean (exact
+        // for a constant row), 16-bit rows take the pass about snap_center.
+        if (kZeroK && exact && sizeof(T) > 2) mean += row_mean_of(std::true_type{}, std::false_type{}, mean);
       } else {
         mean = k0 + row_mean_of(std::true_type{}, std::false_type{}, k0);
       }
     }
     if (exact) {  // uniform: see above
-      if (p.rms) var = row_mean_of(std::false_type{}, std::true_type{}, A(0));
-      else var = row_mean_of(std::true_type{}, std::true_type{}, mean);
+      if (p.rms) {
+        var = row_mean_of(std::false_type{}, std::true_type{}, A(0));
+      } else {
+        A center = mean;
+        if constexpr (kZeroK && kShifted && sizeof(T) == 2) center = snap_center<T>(mean);
+        centered_stats(mean, var, center, row_mean_of(std::true_type{}, std::true_type{}, center));
+      }
     }
     const A rstd = rsqrt_acc(var + A(p.eps));
     if (tickets) step2 = 3 * ngroups + token - int(base + step1);  // clusters: rpc = 1
@@ -362,9 +365,10 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
     // and a product (the loop is bound by issued instructions).  Rounding
     // mean * rstd adds half an fp32 ulp of |mean| * rstd to xhat: no more
     // than the rounding an fp32 x near the mean already carries.
-    // A row of zero variance (constant: every sum above is exact for it)
-    // gets xhat = 0, y the bias; the FMA would leave the rounding of mean * rstd.
-    const A scale = var == A(0) ? A(0) : rstd;
+    // A LayerNorm row of zero variance (constant, see Statistics) gets xhat
+    // = 0, y the bias; the FMA would leave the rounding of mean * rstd.
+    // RMSNorm keeps rstd (x^2 may underflow to a zero sum of nonzero x).
+    const A scale = !p.rms && var == A(0) ? A(0) : rstd;
     const A shift = -mean * scale;
     T* yrow = static_cast<T*>(p.y) + row * p.cols;
     // One loop per weight / bias combination (uniform for the launch), so no

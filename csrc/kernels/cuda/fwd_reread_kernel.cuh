@@ -17,10 +17,11 @@
 //
 // Statistics: sums of x and x^2 in one reduction, as the register kernels'
 // shifted sums with K = 0 (fwd_kernel.cuh), and a row whose mean^2 passes
-// kMaxShiftRatio * var, or whose var is not finite, takes a walk for sum((x
-// - mean)^2), after a constant row's mean is brought to its value (16-bit:
-// snap_mean, common.cuh; 4-byte: a walk adding the mean of x - mean).
-// Every sum adds in a fixed order: bitwise reproducible.
+// kMaxShiftRatio * var, or whose var is not finite, takes a walk for
+// sum((x - center)^2), center the mean (4-byte rows: after a walk adding the
+// mean of x - mean) or common.cuh's snap_center (16-bit).  A constant row
+// comes out with its value as mean and variance 0.  Every sum adds in a fixed
+// order: bitwise reproducible.
 #pragma once
 #include "common.cuh"
 #include "fwd_kernel.cuh"
@@ -85,11 +86,11 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
     // in L1 (the lines are there already), so that their loads differ from the
     // first walk's: the compiler otherwise keeps the first walk's fragments
     // for it, and LayerNorm's straight-line rows ran slower.
-    auto walk = [&](auto f, auto third) {
+    auto walk = [&](auto f, auto again) {
       if constexpr (NV > 0) {
-        constexpr bool kThird = decltype(third)::value;
-        constexpr L1Policy P = kThird ? L1Policy::kNoAllocate : L1Policy::kEvictLast;
-        constexpr L2Policy Q = kThird ? L2Policy::kNormal : L2Policy::kEvictLast;
+        constexpr bool kAgain = decltype(again)::value;
+        constexpr L1Policy P = kAgain ? L1Policy::kNoAllocate : L1Policy::kEvictLast;
+        constexpr L2Policy Q = kAgain ? L2Policy::kNormal : L2Policy::kEvictLast;
         Frag<T, VEC> xr[NV];
 #pragma unroll
         for (int u = 0; u < NV; ++u) load_l1<P, Q>(xr[u], xrow + at(tid + u * nt));
@@ -142,11 +143,12 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
       var = v[1] * inv_n - mean * mean;
       // Identical in every thread of the CTA: the exact walks are uniform.
       if (!(mean * mean <= A(kMaxShiftRatio) * var && var < A(INFINITY))) {
-        // A constant row always comes here: its mean to its value
-        // (snap_mean, common.cuh; 4-byte rows add the mean of x - mean),
-        // then sum((x - mean)^2).
+        // A constant row always comes here: 4-byte rows add the mean of x -
+        // mean (exact for it), 16-bit rows take the walk about snap_center
+        // (common.cuh); then sum((x - center)^2).
+        A center = mean;
         if constexpr (sizeof(T) == 2) {
-          mean = snap_mean<T>(mean);
+          center = snap_center<T>(mean);
         } else {
           A s0 = 0;
           walk([&](const Frag<T, VEC>& x) {
@@ -158,17 +160,18 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
           A m[1] = {s0};
           cta_sum(m, sm, parity);
           mean += m[0] * inv_n;
+          center = mean;
         }
         A s3 = 0;
         walk([&](const Frag<T, VEC>& x) {
           A a = 0;
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) a += (x.get(k) - mean) * (x.get(k) - mean);
+          for (int k = 0; k < VEC; ++k) a += (x.get(k) - center) * (x.get(k) - center);
           s3 += a;
         }, std::true_type{});
         A q[1] = {s3};
         cta_sum(q, sm, parity);
-        var = q[0] * inv_n;
+        centered_stats(mean, var, center, q[0] * inv_n);
       }
     }
     const A rstd = rsqrt_acc(var + A(p.eps));
@@ -176,10 +179,10 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
       if (p.mean) static_cast<A*>(p.mean)[row] = mean;
       if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
     }
-    // y = x * rstd + (-mean * rstd), then weight and bias (fwd_kernel.cuh;
-    // rstd 0 for a row of zero variance); weight and bias of x's width stay
-    // in L1 for the SM's other rows.
-    const A scale = var == A(0) ? A(0) : rstd;
+    // y = x * scale + (-mean * scale), then weight and bias (fwd_kernel.cuh:
+    // scale is rstd, 0 for a LayerNorm row of zero variance); weight and bias
+    // of x's width stay in L1 for the SM's other rows.
+    const A scale = !p.rms && var == A(0) ? A(0) : rstd;
     const A shift = -mean * scale;
     T* __restrict__ yrow = static_cast<T*>(p.y) + row * p.cols;
     auto write_row = [&](auto has_w, auto has_b) {

@@ -11,9 +11,12 @@
 //
 // Statistics: LayerNorm takes two passes over the registers, the mean and
 // then sum((x - mean)^2), which is exact without the general kernel's
-// fallback test; RMSNorm one, sum(x^2).  A constant row's mean is its value:
-// 4-byte rows sum x - x[0], 16-bit rows sum x and take snap_mean
-// (common.cuh).
+// fallback test; RMSNorm one, sum(x^2).  A constant row comes out with its
+// value as mean and variance 0: 4-byte rows sum x - x[0] for the mean; 16-bit
+// rows sum x, exactly for a constant row of up to 2^13 elements, and divide
+// by n rounded once (exact_ratio): no register held through the second pass
+// (centering it on a 16-bit value next to the mean, as the longer rows do,
+// spilled 12-68 bytes here).
 // Every sum adds in a fixed order (a butterfly over the row's lanes), so the
 // results are bitwise reproducible.
 #pragma once
@@ -87,7 +90,7 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
           for (int i = 0; i < NV; ++i)
 #pragma unroll
             for (int k = 0; k < VEC; ++k) s += x[r][i][k];  // padding: zeros
-          mean[r] = snap_mean<T>(butterfly_sum<LANES>(s) * inv_n);
+          mean[r] = exact_ratio(butterfly_sum<LANES>(s), A(n), inv_n);
         } else {
           // The row's first element, from its first lane.
           const A k0 = __shfl_sync(0xffffffffu, x[r][0][0], lane & ~(LANES - 1));
@@ -118,11 +121,11 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) var[r] = butterfly_sum<LANES>(var[r]) * inv_n;
-    A scale[R];  // rstd, or 0 for a row of zero variance (xhat = 0: fwd_kernel.cuh)
+    A scale[R];  // rstd, or 0 for a LayerNorm row of zero variance (xhat = 0: fwd_kernel.cuh)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const A rstd = rsqrt_acc(var[r] + A(p.eps));
-      scale[r] = var[r] == A(0) ? A(0) : rstd;
+      scale[r] = !p.rms && var[r] == A(0) ? A(0) : rstd;
       if (p.rms) mean[r] = 0;
       if (l == 0 && live(r)) {
         const int64_t row = row0 + r * SLOTS;

@@ -40,10 +40,11 @@ __device__ __forceinline__ GroupPlace group_place(int G, int64_t rows) {
 // The hand-off inside a CTA between its compute warps and its exchange
 // warp, for row j of the walk in buffer j % NB (a row's buffers are reused
 // NB rows later; group_exchange_walk bounds the distance): each compute
-// warp puts its pair of sums and arrives on sums_ready; the exchange warp
-// waits for them all, trades the CTA's pair with the group, puts the
-// group's pair in totals and arrives on totals_ready, which the compute
-// warps wait for.  Phases of row j: parity (j / NB) & 1.
+// warp puts its pair (two sums; the forward's mean and M2) and arrives on
+// sums_ready; the exchange warp waits for them all, trades the CTA's pair
+// with the group, puts the row's pair in totals and arrives on
+// totals_ready, which the compute warps wait for.  Phases of row j: parity
+// (j / NB) & 1.
 template <int NB>
 struct GroupHandoff {
   float warp_sums[NB][kMaxCtaThreads / 32][2];
@@ -135,7 +136,7 @@ __device__ __forceinline__ void ld_relaxed_gpu_v2(const unsigned long long* p, u
 #endif
 }
 
-// The exchange warp's lane 0: publish this CTA's two sums of walk row j in
+// The exchange warp's lane 0: publish this CTA's pair of walk row j in
 // its slot of the row's buffer (one store of two tagged words).
 __device__ __forceinline__ void group_publish(unsigned long long* slots, int G, int rank, int64_t j, float c0,
                                               float c1) {
