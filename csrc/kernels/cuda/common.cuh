@@ -81,10 +81,11 @@ __device__ __forceinline__ float snap_center(float mean) {
   return fabsf(mean - near) <= fabsf(mean) * 0x1p-19f ? near : mean;
 }
 // mean and var from the summed mean and the mean square about `center`.
+// (A mean of +-inf as its own center keeps the mean square as var, not NaN.)
 template <typename A>
 __device__ __forceinline__ void centered_stats(A& mean, A& var, A center, A mean_square) {
   const A d = mean - center;
-  var = mean_square - d * d;
+  var = center == mean ? mean_square : mean_square - d * d;
   if (mean_square == A(0)) {
     mean = center;
     var = A(0);
