@@ -92,6 +92,16 @@ __device__ __forceinline__ void centered_stats(A& mean, A& var, A center, A mean
   }
 }
 
+// The scale of y = x * scale - mean * scale: rstd, but 0 for a LayerNorm row
+// of zero variance (constant: the statistics above make its mean its value),
+// whose xhat is then 0 and y the bias; the FMA would leave the rounding of
+// mean * rstd (rstd = 316 at eps 1e-5).  RMSNorm keeps rstd: x^2 may
+// underflow to a zero sum of nonzero x.
+template <typename A>
+__device__ __forceinline__ A xhat_scale(bool rms, A var, A rstd) {
+  return !rms && var == A(0) ? A(0) : rstd;
+}
+
 __device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
 __device__ __forceinline__ double rsqrt_acc(double v) { return 1.0 / sqrt(v); }
 

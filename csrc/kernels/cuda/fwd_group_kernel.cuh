@@ -39,7 +39,7 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
   constexpr int NB = LAG + 1;  // shared exchange buffers: a row's are reused NB rows later
   static_assert(LAG >= 1 && AHEAD >= 1, "a row in flight and a row between sums and y");
   constexpr int kSlotsPerLane = kMaxGroupCtas / 32;
-  __shared__ GroupHandoff<NB> ho;  // totals: mean, rstd (0 for a LayerNorm row of zero variance)
+  __shared__ GroupHandoff<NB> ho;  // totals: mean, xhat_scale (common.cuh)
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   const uint32_t stage_base = smem_addr(dyn_smem);
 
@@ -100,7 +100,7 @@ norm_fwd_group_kernel(FwdParams p, GroupLayout lay, GroupXchg xg, float inv_n) {
       for (int h = 0; h < kSlotsPerLane; ++h) m += merged(got[h].x, got[h].y, c_slot[h], mean);
       const A var = butterfly_sum<32>(m) * inv_n, rstd = rsqrt_acc(var + A(p.eps));
       if (lane == 0) {
-        ho.put_totals(j, mean, !p.rms && var == A(0) ? A(0) : rstd);
+        ho.put_totals(j, mean, xhat_scale(p.rms, var, rstd));
         if (rank == 0) {
           if (p.mean) static_cast<A*>(p.mean)[row_of(j)] = mean;
           if (p.rstd) static_cast<A*>(p.rstd)[row_of(j)] = rstd;

@@ -364,11 +364,9 @@ norm_fwd_kernel(FwdParams p, RowLayout lay, dacc_t<T> inv_n) {
     // xhat = x * rstd - mean * rstd: one FMA an element, not a subtraction
     // and a product (the loop is bound by issued instructions).  Rounding
     // mean * rstd adds half an fp32 ulp of |mean| * rstd to xhat: no more
-    // than the rounding an fp32 x near the mean already carries.
-    // A LayerNorm row of zero variance (constant, see Statistics) gets xhat
-    // = 0, y the bias; the FMA would leave the rounding of mean * rstd.
-    // RMSNorm keeps rstd (x^2 may underflow to a zero sum of nonzero x).
-    const A scale = !p.rms && var == A(0) ? A(0) : rstd;
+    // than the rounding an fp32 x near the mean already carries.  A constant
+    // row takes scale 0 (common.cuh's xhat_scale).
+    const A scale = xhat_scale(p.rms, var, rstd);
     const A shift = -mean * scale;
     T* yrow = static_cast<T*>(p.y) + row * p.cols;
     // One loop per weight / bias combination (uniform for the launch), so no

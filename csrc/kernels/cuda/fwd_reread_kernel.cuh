@@ -179,10 +179,10 @@ norm_fwd_reread_kernel(FwdParams p, dacc_t<T> inv_n) {
       if (p.mean) static_cast<A*>(p.mean)[row] = mean;
       if (p.rstd) static_cast<A*>(p.rstd)[row] = rstd;
     }
-    // y = x * scale + (-mean * scale), then weight and bias (fwd_kernel.cuh:
-    // scale is rstd, 0 for a LayerNorm row of zero variance); weight and bias
-    // of x's width stay in L1 for the SM's other rows.
-    const A scale = !p.rms && var == A(0) ? A(0) : rstd;
+    // y = x * scale + (-mean * scale) (common.cuh's xhat_scale), then weight
+    // and bias (fwd_kernel.cuh); weight and bias of x's width stay in L1 for
+    // the SM's other rows.
+    const A scale = xhat_scale(p.rms, var, rstd);
     const A shift = -mean * scale;
     T* __restrict__ yrow = static_cast<T*>(p.y) + row * p.cols;
     auto write_row = [&](auto has_w, auto has_b) {

@@ -121,10 +121,12 @@ norm_fwd_rows_kernel(FwdParams p, dacc_t<T> inv_n) {
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) var[r] = butterfly_sum<LANES>(var[r]) * inv_n;
-    A scale[R];  // rstd, or 0 for a LayerNorm row of zero variance (xhat = 0: fwd_kernel.cuh)
+    A scale[R];  // common.cuh's xhat_scale
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const A rstd = rsqrt_acc(var[r] + A(p.eps));
+      // common.cuh's xhat_scale written out: through the call ptxas spilled
+      // 8 bytes in the fp16 rows of one access a lane.
       scale[r] = !p.rms && var[r] == A(0) ? A(0) : rstd;
       if (p.rms) mean[r] = 0;
       if (l == 0 && live(r)) {

@@ -138,13 +138,13 @@ cudaError_t add_norm_fwd(const AddNormFwdParams& p0, const DeviceInfo& dev, cuda
     // Rows taken once ask L2 for later CTAs' rows where the rows resident
     // CTAs hold are too few bytes an SM (plan.h) and the prefetching kernel
     // keeps as many CTAs resident.
-    const int64_t res = row_res;
     const int64_t cta_row_bytes = rows_per_cta * p.cols * int64_t(sizeof(T) + (p.residual ? sizeof(R) : 0));
     const int team_access_bytes = pl.threads_per_row * VEC * int(sizeof(T));
-    if (res > 0 && fwd_prefetch((res + dev.sm_count - 1) / dev.sm_count, cta_row_bytes, team_access_bytes, dev)) {
+    if (row_res > 0 &&
+        fwd_prefetch((row_res + dev.sm_count - 1) / dev.sm_count, cta_row_bytes, team_access_bytes, dev)) {
       auto prefetching = kernel(kRow{}, std::true_type{});
-      if (resident_groups(prefetching, dev, pl.cta_threads, 1, 0) >= res) {
-        const int64_t ahead = res / kFwdPrefetchRoundParts;
+      if (resident_groups(prefetching, dev, pl.cta_threads, 1, 0) >= row_res) {
+        const int64_t ahead = row_res / kFwdPrefetchRoundParts;
         lay.prefetch_rows = (ahead > 0 ? ahead : 1) * rows_per_cta;
         return launch(prefetching, dim3(unsigned(groups)), pl.cta_threads, 0, 1, stream, p, lay,
                       static_cast<A*>(nullptr));

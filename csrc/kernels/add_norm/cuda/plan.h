@@ -54,7 +54,7 @@ constexpr int bwd_registers(int x_bytes, int elems, bool pairs) { return pairs |
 // SM (resident CTAs x threads x bytes a thread) than the SM's share of the
 // DRAM bandwidth moves in a loaded DRAM latency (Little's law), each thread
 // also asks L2 for the row after; with more in flight the prefetch only adds
-// traffic (docs/design.md has the H200 runs that set the latency).
+// traffic.
 constexpr int64_t kDramLatencyNs = 1000;
 inline int64_t sm_dram_bytes(const DeviceInfo& dev, int64_t ns) { return dev.dram_bytes_per_us * ns / 1000 / dev.sm_count; }
 inline bool bwd_prefetch(int64_t ctas_per_sm, int cta_threads, int bytes_ahead, const DeviceInfo& dev) {
@@ -66,7 +66,6 @@ inline bool bwd_prefetch(int64_t ctas_per_sm, int cta_threads, int bytes_ahead, 
 // also asks L2 for the rows of the CTA a quarter round of resident CTAs later:
 // further ahead, L2 evicts the lines before they are used.  Teams whose access
 // spans less than a 128-byte line take none: each line is asked for twice.
-// The H200 runs behind both numbers are in docs/design.md.
 constexpr int64_t kFwdPrefetchNs = 2500;
 constexpr int kFwdPrefetchRoundParts = 4;
 constexpr int kLineBytes = 128;
