@@ -70,6 +70,7 @@ class Run:
         print(f"copy bandwidth {self.copy['gbps']:.0f} GB/s", flush=True)
         self.flush = timing.L2Flush(device) if device == "cuda" else None
         self.rows: List[dict] = []
+        self.record_kernels, self.last_kernels = False, None  # set for our cells (peer_cells)
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.t0 = time.perf_counter()
@@ -83,6 +84,8 @@ class Run:
         else:
             t, times = timing.host_time_us(fn, warmup=2, min_reps=5, max_reps=self.reps, budget_s=1.0)
         self.last_range = [round(min(times), 2), round(max(times), 2)] if times else None
+        if self.device == "cuda" and self.record_kernels:
+            self.last_kernels = timing.kernels_run(fn)
         return t
 
     def empty_cache(self):
@@ -108,10 +111,12 @@ class Run:
                 words.append(f"{peer}:{d}=WRONG")
                 continue
             try:
-                self.last_range = None
+                self.last_range, self.last_kernels, self.record_kernels = None, None, peer == "ours"
                 t_us = time_us(d)
                 pct = 100 * nbytes(d) / (t_us * 1e-6) / 1e9 / self.copy["gbps"]
                 extra = {"time_us_range": self.last_range} if self.last_range else {}
+                if self.last_kernels:
+                    extra["kernels"] = self.last_kernels
                 self.rows.append(dict(cell, status="ok", time_us=round(t_us, 2), pct_copy=round(pct, 2), **extra))
                 words.append(f"{peer}:{d}={pct:.1f}")
             except Exception as e:

@@ -273,6 +273,8 @@ def environment(device: str) -> dict:
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "cpu": platform.processor() or platform.machine(),
+        # the host kernel: the GPU machines run under gVisor (4.4.0) or Firecracker (6.x)
+        "os_release": platform.release(),
         "cpu_threads": torch.get_num_threads(),
         "gpu_name": None, "sm_count": None, "compute_capability": None,
         "l2_cache_bytes": None, "gpu_memory_bytes": None,

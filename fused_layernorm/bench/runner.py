@@ -140,6 +140,7 @@ def _run_case(plan: Plan, peers, op, dtype, hidden, reps, time_it) -> List[dict]
             continue
         ready.append((peer, base, bound, chk, dirs))
     samples: Dict[tuple, List[float]] = {}
+    kernels: Dict[tuple, List[str]] = {}  # our cells': the kernels one call ran
     for rnd in _rounds(plan):
         for peer, base, bound, chk, dirs in (ready if rnd % 2 == 0 else ready[::-1]):
             for d in dirs:
@@ -152,6 +153,8 @@ def _run_case(plan: Plan, peers, op, dtype, hidden, reps, time_it) -> List[dict]
                     fn, mode = _call_for(d, bound, inp, dy)
                     with mode():
                         _, ts = time_it(fn, rnd == 0)
+                        if rnd == 0 and peer.name == "ours" and plan.device == "cuda":
+                            kernels[key] = timing.kernels_run(fn)
                     samples.setdefault(key, []).extend(ts)
                 except Exception as e:
                     done[key] = _cell(base, d, "ERROR", chk.errors, _first_line(e))
@@ -166,7 +169,7 @@ def _run_case(plan: Plan, peers, op, dtype, hidden, reps, time_it) -> List[dict]
                 # a peer that failed verification is timed all the same: its
                 # speed is worth knowing, and the summary takes only "ok" cells
                 status = "ok" if chk.ok_for(d) else "WRONG"
-                done[key] = _cell(base, d, status, chk.errors, "", pooled(samples[key]))
+                done[key] = _cell(base, d, status, chk.errors, "", pooled(samples[key]), kernels.get(key))
     for peer in peers:  # rows in the peers' order
         for d in plan.directions:
             if (peer.name, d) in done:
@@ -177,19 +180,20 @@ def _run_case(plan: Plan, peers, op, dtype, hidden, reps, time_it) -> List[dict]
 
 
 def _cell(base: dict, direction: str, status: str, errors: dict, note: str,
-          t_us: Optional[float] = None) -> dict:
-    return dict(base=base, direction=direction, t_us=t_us, status=status, errors=errors, note=note)
+          t_us: Optional[float] = None, kernels: Optional[List[str]] = None) -> dict:
+    return dict(base=base, direction=direction, t_us=t_us, status=status, errors=errors, note=note,
+                kernels=kernels)
 
 
 def _row(plan: Plan, base: dict, direction: str, t_us: Optional[float], status: str,
-         errors: dict, note: str) -> dict:
+         errors: dict, note: str, kernels: Optional[List[str]] = None) -> dict:
     nbytes = bytes_moved(base["op"], direction, base["rows"], base["hidden"], DTYPES[base["dtype"]])
     gbps = nbytes / (t_us * 1e-6) / 1e9 if t_us else None
     pct = 100.0 * gbps / plan.copy_gbps if gbps and plan.copy_gbps else None
     row = dict(base, direction=direction, time_us=_round(t_us, 2), gbps=_round(gbps, 1),
                pct_copy=_round(pct, 2),
                bytes=nbytes, status=status, errors=_errs(errors),
-               note=note)
+               note=note, **({"kernels": kernels} if kernels else {}))
     plan.emit(row)
     return row
 

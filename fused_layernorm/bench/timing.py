@@ -1,5 +1,6 @@
 """Timers: CUDA events with an L2 flush between calls, host timers, copy bandwidth."""
 import ctypes
+import re
 import statistics
 import time
 from typing import Callable, Dict, List, Tuple
@@ -52,6 +53,41 @@ def cuda_time_us(fn: Callable, reps: int, warmup: int, flush: L2Flush) -> Tuple[
     torch.cuda.synchronize()
     times = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
     return statistics.median(times), times
+
+
+def short_kernel_name(name: str) -> str:
+    """A profiler's kernel name without `void`, its parameter list and namespaces:
+    softmax_fwd_kernel<BFloat16, 8, 4, (Mode)1, false, false>."""
+    name = name.strip()
+    if name.startswith("void "):
+        name = name[5:]
+    if name.endswith(")"):  # drop the parameter list: the last top-level parentheses
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
+                break
+    return re.sub(r"\b\w+::", "", name)
+
+
+def kernels_run(fn: Callable) -> List[str]:
+    """The CUDA kernels one fn() launches, in order, repeats kept once: which
+    strategy served a cell (a cluster, or the fallback where the device
+    refused one) is in the results, not inferred from the plan."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names: List[str] = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            short = short_kernel_name(e.name)
+            if short not in names and not short.startswith("Memcpy") and not short.startswith("Memset"):
+                names.append(short)
+    return names
 
 
 def steady_host_allocator() -> str:

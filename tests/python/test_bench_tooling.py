@@ -115,10 +115,25 @@ def test_op_bench_keeps_the_fastest_and_slowest_call(monkeypatch):
     run = object.__new__(opbench.Run)
     run.rows, run.copy, run.device, run.reps, run.flush = [], {"gbps": 1000.0}, "cuda", 5, None
     monkeypatch.setattr(opbench.timing, "cuda_time_us", lambda fn, reps, warmup, flush: (2.0, [2.0, 9.5, 1.9, 2.0, 2.1]))
+    monkeypatch.setattr(opbench.timing, "kernels_run", lambda fn: ["softmax_fwd_kernel<float, 4, 4, (Mode)1>"])
     words = run.peer_cells("ours", dict(peer="ours"), ["fwd"], lambda: ({"y": 0.0}, True),
                            lambda d: run.time_us(lambda: None), lambda d: 10**6)
     assert words == ["ours:fwd=50.0"]
     assert run.rows[0]["time_us"] == 2.0 and run.rows[0]["time_us_range"] == [1.9, 9.5]
+    assert run.rows[0]["kernels"] == ["softmax_fwd_kernel<float, 4, 4, (Mode)1>"]  # ours only
+    run.peer_cells("peer", dict(peer="peer"), ["fwd"], lambda: ({"y": 0.0}, True),
+                   lambda d: run.time_us(lambda: None), lambda d: 10**6)
+    assert "kernels" not in run.rows[1]
+
+
+def test_kernel_names_lose_namespaces_and_parameters():
+    from fused_layernorm.bench.timing import short_kernel_name
+
+    assert short_kernel_name(
+        "void fln::cuda::softmax_kernels::softmax_fwd_kernel<c10::BFloat16, 8, 4, "
+        "(fln::cuda::softmax_kernels::Mode)1, false, false>(fln::cuda::SoftmaxParams, "
+        "fln::cuda::softmax_kernels::Layout)") == "softmax_fwd_kernel<BFloat16, 8, 4, (Mode)1, false, false>"
+    assert short_kernel_name("triton_per_fused_softmax_0") == "triton_per_fused_softmax_0"
 
 
 def test_op_bench_peer_cells(tmp_path):

@@ -243,6 +243,30 @@ def test_infinite_long_rows_cuda(dtype, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("n", [8, 1000, 16384, 65536, 131072])
+def test_row_max_with_negative_scale_nan_and_inf(device, dtype, n, seed):
+    """The row max under every scale sign, on every row strategy (16-bit rows take it from the
+    raw pairs, sign-flipped for a negative scale): rows near +40 at scale -3 (z near -120,
+    where a max taken without the sign would flush every exponential to 0); a NaN anywhere
+    makes the row NaN; +inf under a negative scale is z = -inf (0 out), -inf is z = +inf (NaN).
+    softmax(x, scale=-s) is softmax(-x, scale=s) bit for bit."""
+    if device == "cpu" and n > 16384:
+        pytest.skip("long rows: the CUDA strategies")
+    gen = generator(seed)
+    x = randn((6, n), dtype=dtype, device=device, gen=gen, scale=2.0, offset=40.0)
+    x[1, n // 3] = math.nan
+    x[2, n - 1] = math.inf
+    x[3, 0] = -math.inf
+    x[4, ::7] = math.inf  # every 7th is -inf after the scale
+    for log in (False, True):
+        for scale in (-3.0, 0.5):
+            y = fl.softmax(x, log=log, scale=scale)
+            e = reference(x, log=log, scale=scale)
+            check(y, e, dtype, fwd_slack(x, e, log, scale, False), f"scale {scale}", n)
+        assert same(fl.softmax(x, log=log, scale=-3.0), fl.softmax(-x, log=log, scale=3.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
 def test_large_magnitude(device, dtype, seed):
     """Inputs near 1e4 (or the dtype's range), and large scales: no overflow, z - max exact enough."""
     gen = generator(seed)
@@ -458,6 +482,30 @@ def test_cuda_graph_capture(seed):
     xr = x2.double().requires_grad_()
     reference(xr, scale=0.5, causal=True).backward(g.double())
     torch.testing.assert_close(sx.grad.double(), xr.grad, rtol=2e-2, atol=2e-3)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,n,kernel", [(torch.bfloat16, 4096, "row"), (torch.bfloat16, 32768, "cluster"),
+                                            (torch.float32, 131072, "cluster"), (torch.float32, 300000, "loop")],
+                         ids=["bf16-4096", "bf16-32768", "fp32-131072", "fp32-300000"])
+def test_rows_take_their_strategy(dtype, n, kernel, seed):
+    """The kernels that ran (profiler), forward and backward: rows of one CTA the row kernel
+    (Mode 0), rows of 64 KB and 512 KB on sm_90 a cluster (Mode 1: 2 and 16 CTAs of 512
+    threads), longer rows the loop kernels.  A cluster the device refuses falls back to the
+    loop kernels, right but slower: this test names it."""
+    from torch.profiler import ProfilerActivity, profile
+    if kernel == "cluster" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need sm_90")
+    x = randn((3, n), dtype=dtype, device="cuda", gen=generator(seed))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        y = ops.softmax_fwd(x, False, 1.0, False)
+        ops.softmax_bwd(y, x, False, 1.0, False)
+        torch.cuda.synchronize()
+    names = sorted({e.name for e in prof.events() if "softmax_" in e.name and "_kernel" in e.name})
+    marks = {"row": ("Mode)0", "ModeE0"), "cluster": ("Mode)1", "ModeE1"), "loop": ("loop_kernel",)}[kernel]
+    for direction in ("fwd", "bwd"):
+        ran = [k for k in names if f"softmax_{direction}_" in k]
+        assert ran and all(any(m in k for m in marks) for k in ran), f"{direction}: {ran}"
 
 
 @requires_cuda
