@@ -248,7 +248,7 @@ def test_row_max_with_negative_scale_nan_and_inf(device, dtype, n, seed):
     """The row max under every scale sign, on every row strategy (16-bit rows take it from the
     raw pairs, sign-flipped for a negative scale): rows near +40 at scale -3 (z near -120,
     where a max taken without the sign would flush every exponential to 0); a NaN anywhere
-    makes the row NaN; +inf under a negative scale is z = -inf (0 out), -inf is z = +inf (NaN).
+    makes the row NaN, also among -infs; +inf under a negative scale is z = -inf (0 out), -inf is z = +inf (NaN).
     softmax(x, scale=-s) is softmax(-x, scale=s) bit for bit."""
     if device == "cpu" and n > 16384:
         pytest.skip("long rows: the CUDA strategies")
@@ -258,6 +258,8 @@ def test_row_max_with_negative_scale_nan_and_inf(device, dtype, n, seed):
     x[2, n - 1] = math.inf
     x[3, 0] = -math.inf
     x[4, ::7] = math.inf  # every 7th is -inf after the scale
+    x[5] = -math.inf  # -inf but one NaN: lanes whose max is -inf carry the NaN (torch: a NaN row)
+    x[5, n // 2] = math.nan
     for log in (False, True):
         for scale in (-3.0, 0.5):
             y = fl.softmax(x, log=log, scale=scale)
