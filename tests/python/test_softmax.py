@@ -494,16 +494,18 @@ def test_rows_take_their_strategy(dtype, n, kernel, seed):
     """The kernels that ran (profiler), forward and backward: rows of one CTA the row kernel
     (Mode 0), rows of 64 KB and 512 KB on sm_90 a cluster (Mode 1: 2 and 16 CTAs of 512
     threads), longer rows the loop kernels.  A cluster the device refuses falls back to the
-    loop kernels, right but slower: this test names it."""
-    from torch.profiler import ProfilerActivity, profile
+    loop kernels, right but slower: this test names it.  The names come from the benchmarks'
+    own recorder (bench.timing.kernels_run), so this also runs it."""
+    from fused_layernorm.bench.timing import kernels_run
     if kernel == "cluster" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
     x = randn((3, n), dtype=dtype, device="cuda", gen=generator(seed))
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+
+    def both():
         y = ops.softmax_fwd(x, False, 1.0, False)
         ops.softmax_bwd(y, x, False, 1.0, False)
-        torch.cuda.synchronize()
-    names = sorted({e.name for e in prof.events() if "softmax_" in e.name and "_kernel" in e.name})
+
+    names = [k for k in kernels_run(both) if "softmax_" in k and "_kernel" in k]
     marks = {"row": ("Mode)0", "ModeE0"), "cluster": ("Mode)1", "ModeE1"), "loop": ("loop_kernel",)}[kernel]
     for direction in ("fwd", "bwd"):
         ran = [k for k in names if f"softmax_{direction}_" in k]
